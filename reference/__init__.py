@@ -1,0 +1,28 @@
+"""swapspec's reference implementation: the executable spec of ``_apply`` and ``functional_call``.
+
+The module itself is a target (it has ``name``, ``apply`` and ``functional_call``).
+"""
+
+from reference.apply import apply, choose_path
+from reference.flags import (
+    flags,
+    get_overwrite_module_params_on_conversion,
+    get_swap_module_params_on_conversion,
+    set_overwrite_module_params_on_conversion,
+    set_swap_module_params_on_conversion,
+)
+from reference.functional_call import functional_call
+
+name = "reference"
+
+__all__ = [
+    "apply",
+    "choose_path",
+    "flags",
+    "functional_call",
+    "get_overwrite_module_params_on_conversion",
+    "get_swap_module_params_on_conversion",
+    "name",
+    "set_overwrite_module_params_on_conversion",
+    "set_swap_module_params_on_conversion",
+]

@@ -1,0 +1,236 @@
+"""Reference ``apply``: convert a module's parameters, grads and buffers with ``fn``.
+
+This is the executable spec for ``nn.Module._apply`` (what ``to``, ``half``, ``cpu``,
+``to_empty`` and ``share_memory`` run). Each rule lives in one place, named below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from reference.flags import (
+    get_overwrite_module_params_on_conversion,
+    get_swap_module_params_on_conversion,
+)
+
+SWAP, SET_DATA, OVERWRITE = "swap", "set_data", "overwrite"
+
+
+@dataclass
+class _Slots:
+    """Every (module, key) slot that holds one tensor object, in traversal order."""
+
+    tensor: Tensor
+    where: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+
+def apply(
+    module: nn.Module,
+    fn: Callable[[Tensor], Tensor],
+    *,
+    overwrite: bool | None = None,
+    swap: bool | None = None,
+    recurse: bool = True,
+) -> nn.Module:
+    """Convert every parameter, grad and buffer of ``module`` with ``fn``; return ``module``.
+
+    Rules:
+    1. Flags left as ``None`` are read from ``reference.flags``.
+    2. ``recurse=False`` touches only ``module``'s own tensors; otherwise every module of
+       the tree, each shared submodule once (``_modules_to_convert``).
+    3. ``fn`` runs exactly once per distinct tensor object, under ``torch.no_grad()``, and
+       every slot that held one object ends up holding one result (``_convert_all``).
+    4. Atomicity: every ``fn`` call happens before anything changes, so if ``fn`` raises,
+       the module is untouched and the error propagates unchanged. A failure while
+       committing (a refused swap) is rolled back (``_commit``).
+    5. The path is chosen per distinct parameter (``choose_path``): swap if the swap flag
+       is set or ``fn(p)`` is a traceable wrapper subclass; else set_data if
+       ``torch._has_compatible_shallow_copy_type(p, fn(p))`` and the overwrite flag is off;
+       else overwrite. A TensorImpl change therefore never goes through ``.data =``.
+    6. The parameter keeps its class (``Parameter`` subclasses, ``UninitializedParameter``),
+       its instance attributes and its ``requires_grad`` on every path, unless ``fn(p)`` is
+       itself a tensor subclass, whose class then wins (``_as_parameter_like``).
+    7. A grad follows its parameter: swapped when the parameter is swapped, else
+       ``.data =`` when compatible and overwrite is off, else replaced. It stays a leaf and
+       keeps its own ``requires_grad`` (``_commit_grad``).
+    8. Buffers are rebound: ``module._buffers[key] = fn(buf)``. ``None`` slots stay ``None``.
+    """
+    overwrite = get_overwrite_module_params_on_conversion() if overwrite is None else overwrite
+    swap = get_swap_module_params_on_conversion() if swap is None else swap
+    modules = _modules_to_convert(module, recurse)
+    params = _collect(modules, "_parameters")
+    buffers = _collect(modules, "_buffers")
+    grads = [s.tensor.grad for s in params if s.tensor.grad is not None]
+    results = _convert_all(fn, [s.tensor for s in params] + grads + [s.tensor for s in buffers])
+    _commit(params, buffers, results, overwrite=overwrite, swap=swap)
+    return module
+
+
+def choose_path(param: Tensor, applied: Tensor, *, overwrite: bool, swap: bool) -> str:
+    """Rule 5: the conversion path of one parameter."""
+    if swap or is_traceable_wrapper_subclass(applied):
+        return SWAP
+    if torch._has_compatible_shallow_copy_type(param, applied) and not overwrite:
+        return SET_DATA
+    return OVERWRITE
+
+
+def _modules_to_convert(module: nn.Module, recurse: bool) -> list[nn.Module]:
+    """Rule 2: children before parents (torch's order), each module object once."""
+    if not recurse:
+        return [module]
+    ordered: list[nn.Module] = []
+    seen: set[int] = set()
+
+    def visit(m: nn.Module) -> None:
+        if id(m) in seen:
+            return
+        seen.add(id(m))
+        for child in m.children():
+            visit(child)
+        ordered.append(m)
+
+    visit(module)
+    return ordered
+
+
+def _collect(modules: list[nn.Module], registry: str) -> list[_Slots]:
+    """Group the non-None slots of ``registry`` by tensor object, in first-seen order."""
+    by_id: dict[int, _Slots] = {}
+    for m in modules:
+        for key, tensor in getattr(m, registry).items():
+            if tensor is not None:
+                by_id.setdefault(id(tensor), _Slots(tensor)).where.append((m, key))
+    return list(by_id.values())
+
+
+def _convert_all(fn: Callable[[Tensor], Tensor], tensors: list[Tensor]) -> dict[int, Tensor]:
+    """Rules 3 and 4: call ``fn`` once per distinct tensor before changing anything."""
+    results: dict[int, Tensor] = {}
+    with torch.no_grad():
+        for t in tensors:
+            if id(t) not in results:
+                results[id(t)] = fn(t)
+    return results
+
+
+def _commit(params, buffers, results, *, overwrite: bool, swap: bool) -> None:
+    """Rule 4: apply every change, undoing the ones already made if one fails."""
+    undo: list[Callable[[], None]] = []
+    try:
+        for slots in params:
+            _commit_param(slots, results, undo, overwrite=overwrite, swap=swap)
+        for slots in buffers:
+            _rebind(slots, results[id(slots.tensor)], "_buffers", undo)
+    except BaseException:
+        for step in reversed(undo):
+            step()
+        raise
+
+
+def _commit_param(slots: _Slots, results, undo, *, overwrite: bool, swap: bool) -> None:
+    """Rules 5 and 6 for one parameter object, then rule 7 for its grad."""
+    param = slots.tensor
+    applied = results[id(param)]
+    grad = param.grad
+    path = choose_path(param, applied, overwrite=overwrite, swap=swap)
+    if path == SWAP:
+        _swap_param(slots, param, applied, grad, undo)
+        target = param
+    elif path == SET_DATA:
+        _set_data(param, applied, undo)
+        target = param
+    else:
+        target = _as_parameter_like(param, applied)
+        _rebind(slots, target, "_parameters", undo)
+    if grad is not None:
+        _commit_grad(target, grad, results[id(grad)], path, undo, overwrite=overwrite)
+
+
+def _as_parameter_like(param: Tensor, applied: Tensor) -> Tensor:
+    """Rule 6: a new Parameter holding ``applied`` with ``param``'s class and attributes."""
+    new = nn.Parameter(applied, requires_grad=param.requires_grad)
+    if type(applied) in (Tensor, nn.Parameter) or type(applied) is type(param):
+        new.__class__ = type(param)
+    new.__dict__.update(param.__dict__)
+    return new
+
+
+def _swap_param(slots: _Slots, param: Tensor, applied: Tensor, grad, undo) -> None:
+    """Swap path: the object stays, its contents (and grad, see rule 7) are replaced."""
+    new = _as_parameter_like(param, applied)
+    module, key = slots.where[0]
+    if grad is not None:
+        param.grad = None  # reading .grad holds a use count that blocks swap_tensors
+    try:
+        torch.utils.swap_tensors(param, new)
+    except Exception as e:
+        if grad is not None:
+            param.grad = grad
+        raise RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}") from e
+
+    def swap_back() -> None:
+        if grad is not None:
+            param.grad = None
+        torch.utils.swap_tensors(param, new)
+        if grad is not None:
+            param.grad = grad
+
+    undo.append(swap_back)
+
+
+def _set_data(tensor: Tensor, applied: Tensor, undo) -> None:
+    """set_data path: the object and its ``_cdata`` stay, ``.data`` is replaced."""
+    old = tensor.data
+    tensor.data = applied
+
+    def restore() -> None:
+        tensor.data = old
+
+    undo.append(restore)
+
+
+def _rebind(slots: _Slots, value: Tensor, registry: str, undo) -> None:
+    """Overwrite path and buffers: every slot of one object gets the one ``value``."""
+    for module, key in slots.where:
+        table = getattr(module, registry)
+        old = table[key]
+        table[key] = value
+        undo.append(lambda table=table, key=key, old=old: table.__setitem__(key, old))
+
+
+def _commit_grad(target: Tensor, grad: Tensor, applied: Tensor, path: str, undo, *,
+                 overwrite: bool) -> None:
+    """Rule 7: convert the grad along its parameter's path; it stays a leaf."""
+    requires_grad = grad.requires_grad
+    if path == SWAP and applied is grad:
+        _set_grad(target, grad, undo)
+    elif path == SWAP:
+        applied.requires_grad_(requires_grad)
+        try:
+            torch.utils.swap_tensors(grad, applied)
+        except Exception as e:
+            raise RuntimeError(f"_apply(): Couldn't swap {type(target).__name__}.grad") from e
+        undo.append(lambda: torch.utils.swap_tensors(grad, applied))
+        _set_grad(target, grad, undo)
+    elif (path == SET_DATA and not overwrite
+          and torch._has_compatible_shallow_copy_type(grad, applied)):
+        _set_data(grad, applied, undo)
+    else:
+        new_grad = applied if applied is grad else applied.detach()
+        _set_grad(target, new_grad.requires_grad_(requires_grad), undo)
+
+
+def _set_grad(target: Tensor, grad: Tensor, undo) -> None:
+    old = target.grad
+    target.grad = grad
+
+    def restore() -> None:
+        target.grad = old
+
+    undo.append(restore)

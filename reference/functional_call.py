@@ -1,0 +1,267 @@
+"""Reference ``functional_call``: run a module with other tensors in its slots.
+
+This is the executable spec for ``torch.func.functional_call``. Each rule lives in one
+place, named in the docstring of ``functional_call``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+_MISSING: Any = object()
+ATTRIBUTE = "attribute"
+
+
+@dataclass
+class _Slot:
+    """One place a tensor lives: ``module._parameters[key]``, ``_buffers[key]`` or an attribute."""
+
+    module: nn.Module
+    key: str
+    kind: str  # "_parameters", "_buffers" or ATTRIBUTE
+    names: list[str] = field(default_factory=list)
+    value: Tensor | None = None
+
+    @property
+    def ident(self) -> tuple[int, str]:
+        return (id(self.module), self.key)
+
+
+def functional_call(
+    module: nn.Module,
+    tensors: Mapping[str, Tensor | None] | Sequence[Mapping[str, Tensor | None]],
+    args: Any = None,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    tie_weights: bool = True,
+    strict: bool = False,
+) -> Any:
+    """Call ``module(*args, **kwargs)`` with ``tensors`` in place of its own; return the output.
+
+    Rules:
+    1. Input forms (``_merge``): a mapping, or a list/tuple of mappings with disjoint keys;
+       anything else raises torch's ``ValueError``. ``args=None`` is ``()``, a non-tuple
+       ``args`` is one argument, ``kwargs=None`` is ``{}``. Jitted modules are refused.
+    2. Ties (``_expand_ties``): with ``tie_weights=True`` the names of one tensor form a
+       group (``named_parameters``/``named_buffers`` with ``remove_duplicate=False``, so a
+       shared submodule's paths are aliases); giving any member fills every member, and
+       members given different objects raise torch's ``ValueError``.
+    3. One slot, one value (``_resolve_slots``): names that reach the same slot through a
+       shared submodule and carry different objects raise ``ValueError``, whatever
+       ``tie_weights`` is.
+    4. Strict (``_check_strict``): valid keys are the ``remove_duplicate=False`` names of
+       parameters and buffers; missing or unexpected keys raise torch's ``RuntimeError``.
+    5. Bad input (``_resolve_slots``): non-tensor values, unknown submodules, non-tensor
+       attributes and empty names raise torch's errors.
+       Rules 2-5 all run before anything is touched.
+    6. Swapping in (``_swap_in``): each value goes straight into the owning module's
+       ``_parameters``/``_buffers`` slot, unwrapped; an unknown name becomes an attribute
+       for the call. ``None`` disables that tensor for the call.
+    7. Restoring (``_restore``): afterwards, whether forward returned or raised, every slot
+       holds the object it held before and no temporary attribute remains.
+    8. Write-back (``_write_back``): a slot that forward rebound is written into the
+       caller's mapping that supplied the key; in-place updates land on the caller's tensor.
+    """
+    _refuse_jitted(module)
+    given, sources = _merge(tensors)
+    args = () if args is None else args if isinstance(args, tuple) else (args,)
+    kwargs = {} if kwargs is None else kwargs
+    named = _expand_ties(module, given) if tie_weights else dict(given)
+    slots = _resolve_slots(module, named)
+    if strict:
+        _check_strict(module, named)
+    originals = _swap_in(slots)
+    try:
+        return module(*args, **kwargs)
+    finally:
+        rebound = _restore(slots, originals)
+        _write_back(rebound, slots, given, sources)
+
+
+def _refuse_jitted(module: nn.Module) -> None:
+    """Rule 1: the stateless API does not work on scripted or traced modules."""
+    jitted = (torch.jit.RecursiveScriptModule, torch.jit.ScriptModule, torch.jit.ScriptFunction)
+    if torch.jit.is_tracing() or torch.jit.is_scripting() or isinstance(module, jitted):
+        raise RuntimeError("The stateless API can't be used with Jitted modules")
+    if isinstance(module, nn.DataParallel):
+        raise RuntimeError("The stateless API can't be used with nn.DataParallel module")
+
+
+def _merge(tensors) -> tuple[dict[str, Any], dict[str, Mapping]]:
+    """Rule 1: one ``{name: value}`` dict, plus the caller's mapping each name came from."""
+    if isinstance(tensors, Mapping):
+        return dict(tensors), dict.fromkeys(tensors, tensors)
+    if not isinstance(tensors, Sequence):
+        raise ValueError(
+            "Expected parameter_and_buffer_dicts to be a dict, or a list/tuple of dicts, "
+            f"but got {type(tensors)}"
+        )
+    if not all(isinstance(d, Mapping) for d in tensors):
+        raise ValueError("Expected all elements of parameter_and_buffer_dicts to be dictionaries")
+    counts: dict[str, int] = {}
+    for d in tensors:
+        for k in d:
+            counts[k] = counts.get(k, 0) + 1
+    repeated = [k for k, n in counts.items() if n > 1]
+    if repeated:
+        raise ValueError(
+            f"{repeated} appeared in multiple dictionaries; behavior of functional call is ambiguous"
+        )
+    return {k: v for d in tensors for k, v in d.items()}, {k: d for d in tensors for k in d}
+
+
+def _expand_ties(module: nn.Module, given: dict[str, Any]) -> dict[str, Any]:
+    """Rule 2: fill every alias of a given tied tensor; refuse conflicting aliases."""
+    groups: dict[int, set[str]] = {}
+    for name, tensor in _all_named_tensors(module):
+        groups.setdefault(id(tensor), set()).add(name)
+    group_of = {name: names for names in groups.values() if len(names) > 1 for name in names}
+    expanded = dict(given)
+    for name in given:
+        if name not in group_of:
+            continue
+        members = group_of[name]
+        given_members = [m for m in members if m in given]
+        if len(given_members) > 1 and len({id(given[m]) for m in given_members}) != 1:
+            raise ValueError(
+                f"functional_call got multiple values for keys {sorted(members)}, "
+                "which are tied. Consider using tie_weights=False"
+            )
+        expanded.update(dict.fromkeys(members, given[name]))
+    return expanded
+
+
+def _all_named_tensors(module: nn.Module) -> list[tuple[str, Tensor]]:
+    """Every name of every parameter and buffer, aliases included."""
+    return [
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ]
+
+
+def _check_strict(module: nn.Module, named: dict[str, Any]) -> None:
+    """Rule 4: torch's key rule and message."""
+    valid = {name for name, _ in _all_named_tensors(module)}
+    unexpected = sorted(set(named) - valid)
+    missing = sorted(valid - set(named))
+    errors = []
+    if unexpected:
+        errors.append(f"Unexpected key(s): {', '.join(map(repr, unexpected))}.")
+    if missing:
+        errors.append(f"Missing key(s): {', '.join(map(repr, missing))}.")
+    if errors:
+        raise RuntimeError(
+            "Error(s) in reparametrizing for {}:\n\t{}".format(module._get_name(), "\n\t".join(errors))
+        )
+
+
+def _resolve_slots(module: nn.Module, named: dict[str, Any]) -> list[_Slot]:
+    """Rules 3 and 5: validate every name and value; group names by the slot they reach."""
+    slots: dict[tuple[int, str], _Slot] = {}
+    for name, value in named.items():
+        owner, key = _owner_and_key(module, name)
+        _check_value(owner, key, value)
+        slot = slots.setdefault((id(owner), key), _Slot(owner, key, _kind(owner, key), value=value))
+        if slot.value is not value:
+            raise ValueError(
+                f"functional_call got multiple values for keys {sorted([*slot.names, name])}, "
+                "which name one slot of a shared submodule"
+            )
+        slot.names.append(name)
+    return list(slots.values())
+
+
+def _owner_and_key(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """Walk ``name``'s prefix to the owning submodule, with torch's errors."""
+    prefix, _, key = name.rpartition(".")
+    owner = module
+    walked = []
+    for attr in prefix.split(".") if prefix else []:
+        walked.append(attr)
+        try:
+            child = getattr(owner, attr)
+        except AttributeError as ex:
+            raise AttributeError(f"{owner._get_name()} has no attribute `{attr}`") from ex
+        if not isinstance(child, nn.Module):
+            raise TypeError(
+                f"submodule `{'.'.join(walked)}`: {child} is not an instance of torch.nn.Module"
+            )
+        owner = child
+    return owner, key
+
+
+def _check_value(owner: nn.Module, key: str, value: Any) -> None:
+    """Rule 5: torch's checks, in torch's order, for one name."""
+    if value is not None and not isinstance(value, Tensor):
+        raise TypeError(f"{value} is not an instance of torch.Tensor")
+    if key == "":
+        raise KeyError('tensor name can\'t be empty string ""')
+    if key in owner._parameters or key in owner._buffers or not hasattr(owner, key):
+        return
+    current = getattr(owner, key)
+    if current is not None and not isinstance(current, Tensor):
+        raise TypeError(f"attribute `{key}`: {current} is not an instance of torch.Tensor")
+
+
+def _kind(owner: nn.Module, key: str) -> str:
+    """Which table holds ``owner``'s slot ``key``."""
+    for kind in ("_parameters", "_buffers"):
+        if key in getattr(owner, kind):
+            return kind
+    return ATTRIBUTE
+
+
+def _swap_in(slots: list[_Slot]) -> list[Any]:
+    """Rule 6: put each value straight into its slot; return what each slot held."""
+    return [_put(slot, slot.value) for slot in slots]
+
+
+def _put(slot: _Slot, value: Any) -> Any:
+    """Store ``value`` in ``slot`` and return what it held (``_MISSING``: no attribute).
+
+    A registered slot is written in its ``_parameters``/``_buffers`` table directly,
+    unwrapped. An attribute slot first loses whatever ``nn.Module.__setattr__`` registered
+    under its name, so that restoring ``_MISSING`` leaves no trace.
+    """
+    if slot.kind != ATTRIBUTE:
+        table = getattr(slot.module, slot.kind)
+        old = table[slot.key]
+        table[slot.key] = value
+        return old
+    old = _pop_attribute(slot.module, slot.key)
+    if value is not _MISSING:
+        setattr(slot.module, slot.key, value)
+    return old
+
+
+def _pop_attribute(module: nn.Module, key: str) -> Any:
+    """Remove instance attribute ``key`` wherever it is registered; return it."""
+    for table in (module._parameters, module._buffers, module.__dict__):
+        if key in table:
+            return table.pop(key)
+    return _MISSING
+
+
+def _restore(slots: list[_Slot], originals: list[Any]) -> dict[tuple[int, str], Any]:
+    """Rule 7: put every original back; return what forward rebound, by slot."""
+    rebound = {}
+    for slot, original in zip(slots, originals, strict=True):
+        current = _put(slot, original)
+        if current is not slot.value:
+            rebound[slot.ident] = current
+    return rebound
+
+
+def _write_back(rebound, slots: list[_Slot], given: dict[str, Any], sources) -> None:
+    """Rule 8: a rebound slot's new object goes to the caller's mapping for that key."""
+    slot_of = {name: slot.ident for slot in slots for name in slot.names}
+    for name in given:
+        ident = slot_of[name]
+        source = sources[name]
+        if ident in rebound and isinstance(source, MutableMapping):
+            source[name] = rebound[ident]
