@@ -51,14 +51,14 @@ def functional_call(
        group (``named_parameters``/``named_buffers`` with ``remove_duplicate=False``, so a
        shared submodule's paths are aliases); giving any member fills every member, and
        members given different objects raise torch's ``ValueError``.
-    3. One slot, one value (``_resolve_slots``): names that reach the same slot through a
+    3. One slot, one value (``_check_one_value_per_slot``): names that reach the same slot through a
        shared submodule and carry different objects raise ``ValueError``, whatever
        ``tie_weights`` is.
     4. Strict (``_check_strict``): valid keys are the ``remove_duplicate=False`` names of
        parameters and buffers; missing or unexpected keys raise torch's ``RuntimeError``.
     5. Bad input (``_resolve_slots``): non-tensor values, unknown submodules, non-tensor
        attributes and empty names raise torch's errors.
-       Rules 2-5 all run before anything is touched.
+       Rules 2-5 run in this order, all before anything is touched.
     6. Swapping in (``_swap_in``): each value goes straight into the owning module's
        ``_parameters``/``_buffers`` slot, unwrapped; an unknown name becomes an attribute
        for the call. ``None`` disables that tensor for the call.
@@ -72,9 +72,10 @@ def functional_call(
     args = () if args is None else args if isinstance(args, tuple) else (args,)
     kwargs = {} if kwargs is None else kwargs
     named = _expand_ties(module, given) if tie_weights else dict(given)
-    slots = _resolve_slots(module, named)
+    _check_one_value_per_slot(module, named)
     if strict:
         _check_strict(module, named)
+    slots = _resolve_slots(module, named)
     originals = _swap_in(slots)
     try:
         return module(*args, **kwargs)
@@ -160,18 +161,30 @@ def _check_strict(module: nn.Module, named: dict[str, Any]) -> None:
         )
 
 
+def _check_one_value_per_slot(module: nn.Module, named: dict[str, Any]) -> None:
+    """Rule 3: names reaching one slot through a shared submodule must carry one object."""
+    names_of: dict[tuple[int, str], list[str]] = {}
+    for name, value in named.items():
+        try:
+            owner, key = _owner_and_key(module, name)
+        except (AttributeError, TypeError):
+            continue  # reported by rule 5
+        names = names_of.setdefault((id(owner), key), [])
+        if names and named[names[0]] is not value:
+            raise ValueError(
+                f"functional_call got multiple values for keys {sorted([*names, name])}, "
+                "which name one slot of a shared submodule"
+            )
+        names.append(name)
+
+
 def _resolve_slots(module: nn.Module, named: dict[str, Any]) -> list[_Slot]:
-    """Rules 3 and 5: validate every name and value; group names by the slot they reach."""
+    """Rule 5: validate every name and value; group the names by the slot they reach."""
     slots: dict[tuple[int, str], _Slot] = {}
     for name, value in named.items():
         owner, key = _owner_and_key(module, name)
         _check_value(owner, key, value)
         slot = slots.setdefault((id(owner), key), _Slot(owner, key, _kind(owner, key), value=value))
-        if slot.value is not value:
-            raise ValueError(
-                f"functional_call got multiple values for keys {sorted([*slot.names, name])}, "
-                "which name one slot of a shared submodule"
-            )
         slot.names.append(name)
     return list(slots.values())
 

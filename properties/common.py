@@ -1,0 +1,279 @@
+"""Shared pieces of the properties: the marker, settings, and running a target safely."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from torch import Tensor, nn
+from torch.nn.parameter import UninitializedTensorMixin
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from properties.deviations import Checker
+from properties.examples import Example, named_tensors, same_values, slots
+
+
+def spec_property(property_id: str) -> Callable:
+    """Mark a test as the check of one property, for the report and deviation lookup.
+
+    Also relaxes two things a host profile may set that do not fit torch: the deadline
+    (torch's first calls are slow and machines are noisy) and the too-slow health check.
+    """
+    relax = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                            HealthCheck.data_too_large])
+
+    def mark(test: Callable) -> Callable:
+        return pytest.mark.swapspec_property(property_id)(relax(test))
+
+    return mark
+
+
+@dataclass
+class Outcome:
+    """What calling the target did: its result, or the exception it raised."""
+
+    result: Any = None
+    error: BaseException | None = None
+
+
+def attempt(call: Callable[[], Any]) -> Outcome:
+    """Run ``call``; capture any ``Exception`` instead of raising it."""
+    try:
+        return Outcome(result=call())
+    except Exception as e:  # the property decides whether raising was right
+        return Outcome(error=e)
+
+
+def no_error(check: Checker, outcome: Outcome, what: str) -> bool:
+    """Clause ``raised``: the target must not raise here."""
+    error = outcome.error
+    return check.that(error is None, "raised",
+                      f"{what} raised {type(error).__name__}: {error}" if error else "")
+
+
+def is_uninitialized(t: Any) -> bool:
+    return isinstance(t, UninitializedTensorMixin)
+
+
+# ---- apply -----------------------------------------------------------------------------
+
+
+def distinct(tensors: list[Tensor]) -> list[Tensor]:
+    return list({id(t): t for t in tensors}.values())
+
+
+@dataclass
+class ApplySnapshot:
+    """The module before ``apply``: slot contents, grads, ``_cdata``, and ``fn``'s results."""
+
+    slots: dict[str, Any]
+    names: dict[str, Tensor]
+    grads: dict[int, Tensor | None]
+    cdata: dict[int, int]
+    requires_grad: dict[int, bool]
+    classes: dict[int, type]
+    attributes: dict[int, dict]
+    expected: dict[int, Any] = field(default_factory=dict)
+    expected_error: BaseException | None = None
+
+
+def snapshot_for_apply(module: nn.Module, make_fn: Callable[[], Callable],
+                       recurse: bool = True) -> ApplySnapshot:
+    """Record the module and what a fresh ``fn`` returns for each distinct tensor."""
+    names = named_tensors(module)
+    params = distinct(list(module.parameters()))
+    snap = ApplySnapshot(
+        slots=slots(module), names=names,
+        grads={id(p): p.grad for p in params},
+        cdata={id(t): t._cdata for t in [*names.values(), *_grads(params)]},
+        requires_grad={id(p): p.requires_grad for p in params},
+        classes={id(p): type(p) for p in params},
+        attributes={id(p): dict(p.__dict__) for p in params},
+    )
+    fn = make_fn()
+    tensors = distinct(_tensors_in_apply_order(module, recurse))
+    try:
+        with torch.no_grad():
+            for t in tensors:
+                snap.expected[id(t)] = _frozen(fn(t))
+    except Exception as e:
+        snap.expected_error = e
+    return snap
+
+
+def _grads(params: list[Tensor]) -> list[Tensor]:
+    return [p.grad for p in params if p.grad is not None]
+
+
+def _tensors_in_apply_order(module: nn.Module, recurse: bool) -> list[Tensor]:
+    """Parameters, then grads, then buffers: the order the reference converts them in."""
+    modules = distinct_modules(module) if recurse else [module]
+    params = distinct([p for m in modules for p in m._parameters.values() if p is not None])
+    buffers = [b for m in modules for b in m._buffers.values() if b is not None]
+    return [*params, *_grads(params), *buffers]
+
+
+def distinct_modules(module: nn.Module) -> list[nn.Module]:
+    return list({id(m): m for m in module.modules()}.values())
+
+
+def _frozen(result: Any) -> Any:
+    """A value copy of ``fn``'s result, so later in-place changes do not move it."""
+    if not isinstance(result, Tensor) or is_uninitialized(result):
+        return result
+    if result.device.type == "meta" or is_traceable_wrapper_subclass(result):
+        return result
+    return result.detach().clone()
+
+
+def expected_path(param: Tensor, applied: Tensor, overwrite: bool, swap: bool) -> str:
+    """The spec's choice of path for one parameter."""
+    if swap or is_traceable_wrapper_subclass(applied):
+        return "swap"
+    if torch._has_compatible_shallow_copy_type(param, applied) and not overwrite:
+        return "set_data"
+    return "overwrite"
+
+
+def same_metadata(a: Tensor, b: Tensor) -> bool:
+    return (a.dtype, a.device, a.layout, a.shape) == (b.dtype, b.device, b.layout, b.shape)
+
+
+def converted_like(actual: Tensor, expected: Tensor, values: bool) -> bool:
+    """``actual`` has ``expected``'s dtype, device, layout and shape, and values if asked."""
+    if is_uninitialized(expected) or is_uninitialized(actual):
+        return actual.dtype == expected.dtype and actual.device == expected.device
+    if values and not is_traceable_wrapper_subclass(expected):
+        return same_values(actual, expected)
+    return same_metadata(actual, expected)
+
+
+def run_apply(target: Any, example: Example, fn: Callable) -> Outcome:
+    flags = example.flags
+    return attempt(lambda: target.apply(example.module, fn, overwrite=flags.overwrite,
+                                        swap=flags.swap, recurse=example.recurse))
+
+
+def slot_code(name: str) -> str:
+    """Repro code for the object in slot ``name`` after the call."""
+    return f"named(module)[{name!r}]"
+
+
+# ---- functional_call ---------------------------------------------------------------------
+
+
+@dataclass
+class ModuleState:
+    """A module's registration state: slot objects, attribute names, classes, values."""
+
+    slots: dict[str, Any]
+    layout: dict[str, tuple]
+    values: dict[int, Tensor]
+
+
+def module_state(module: nn.Module) -> ModuleState:
+    """Record what a functional call must leave exactly as it found it."""
+    layout = {
+        path: (type(m), tuple(sorted(m.__dict__)), tuple(m._parameters), tuple(m._buffers))
+        for path, m in module.named_modules(remove_duplicate=False)
+    }
+    table = slots(module)
+    values = {id(t): t.detach().clone() for t in table.values()
+              if isinstance(t, Tensor) and not is_uninitialized(t) and t.device.type != "meta"}
+    return ModuleState(table, layout, values)
+
+
+def check_untouched(check: Checker, before: ModuleState, module: nn.Module,
+                    clause: str, *, values_of: set[int] | None = None) -> None:
+    """Clause ``clause``: same slot objects, no new or lost attributes, same classes.
+
+    ``values_of`` limits the value comparison to those tensor ids (default: all).
+    """
+    now = module_state(module)
+    for name, obj in before.slots.items():
+        check.that(now.slots.get(name, _MISSING) is obj, clause,
+                   f"slot {name!r} holds another object afterwards",
+                   code=f"{slot_code(name)} is before[{name!r}]")
+    for path, shape in before.layout.items():
+        check.that(now.layout.get(path) == shape, clause,
+                   f"module {path or '<root>'!r} changed class or attributes: "
+                   f"{_layout_diff(shape, now.layout.get(path))}")
+    for key, value in before.values.items():
+        if values_of is not None and key not in values_of:
+            continue
+        tensor = next(t for t in before.slots.values() if id(t) == key)
+        check.that(same_values(tensor, value), clause, "a module tensor changed value")
+
+
+_MISSING = object()
+
+
+def _layout_diff(old: tuple, new: tuple | None) -> str:
+    if new is None:
+        return "module gone"
+    labels = ("class", "__dict__", "_parameters", "_buffers")
+    return "; ".join(f"{label}: {a} -> {b}" for label, a, b in zip(labels, old, new, strict=True)
+                     if a != b)
+
+
+@dataclass
+class ForwardView:
+    """What a forward pre-hook on the root saw during the first call."""
+
+    named: dict[str, Tensor] = field(default_factory=dict)
+    parameter_ids: set[int] = field(default_factory=set)
+    buffer_ids: set[int] = field(default_factory=set)
+    state_dict: dict[str, Any] = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict)
+    seen: bool = False
+
+
+def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]]):
+    """Register a pre-hook that fills a ``ForwardView``; return (view, handle)."""
+    view = ForwardView()
+
+    def hook(mod, args, kwargs):
+        if view.seen:
+            return None
+        view.seen = True
+        view.named = named_tensors(mod)
+        view.parameter_ids = {id(p) for p in mod.parameters()}
+        view.buffer_ids = {id(b) for b in mod.buffers()}
+        view.state_dict = dict(mod.state_dict(keep_vars=True))
+        view.attributes = {n: getattr(o, k, _MISSING) for n, (o, k) in owners.items()}
+        return None
+
+    return view, module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def clone_value(value: Any) -> Any:
+    """An independent copy of a given value, keeping ``Parameter``-ness."""
+    if not isinstance(value, Tensor):
+        return value
+    copy = value.detach().clone()
+    if isinstance(value, nn.Parameter):
+        return nn.Parameter(copy, requires_grad=value.requires_grad)
+    return copy.requires_grad_(value.requires_grad) if copy.is_floating_point() else copy
+
+
+def load_into(owner: nn.Module, key: str, value: Any) -> None:
+    """Put ``value`` permanently in ``owner``'s slot ``key`` (the oracle's copy)."""
+    for table in (owner._parameters, owner._buffers):
+        if key in table:
+            table[key] = value
+            return
+    setattr(owner, key, value)
+
+
+def same_output(a: Outcome, b: Outcome) -> bool:
+    """Both raised the same exception type, or both returned equal tensors."""
+    if a.error is not None or b.error is not None:
+        return type(a.error) is type(b.error)
+    x, y = a.result, b.result
+    if isinstance(x, Tensor) and isinstance(y, Tensor):
+        return same_values(x.detach(), y.detach())
+    return x == y

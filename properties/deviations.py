@@ -1,0 +1,126 @@
+"""Declared deviations, and the checker that holds a target to the spec or to its declarations.
+
+A property checks an example clause by clause with a ``Checker``: every clause that
+does not hold is a *violation*, named by a short clause code (``"tie-split"``). At the
+end of the example, ``Checker.verdict`` compares the violated clauses with the target's
+declarations that apply to this example:
+
+- a violated clause that no declaration covers fails the example (a conformance bug);
+- a declared clause that was not violated fails too: the declaration is stale, the
+  target now does what the spec says there (remove the declaration);
+- otherwise the example passes, and each matching declaration counts one deviation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A known, reproduced way a target departs from the spec.
+
+    - ``property_id``: the property it concerns (``"APPLY-TIES"``).
+    - ``applies``: a predicate over the drawn example (``properties.examples.Example``),
+      evaluated before the target runs, that is true exactly where the deviation shows.
+    - ``observed``: the clause code the target violates there.
+    - ``reason``: why, with a link and a minimal repro.
+    - ``torch_versions``: ``(lowest, below)`` bounds on ``torch.__version__`` where the
+      deviation holds (``None`` for no bound), for deviations of some torch releases only.
+    """
+
+    property_id: str
+    applies: Callable[[Any], bool]
+    observed: str
+    reason: str
+    torch_versions: tuple[str | None, str | None] = (None, None)
+
+    def holds_for_installed_torch(self) -> bool:
+        """Whether the installed torch falls inside ``torch_versions``."""
+        return version_in_range(torch.__version__, *self.torch_versions)
+
+
+def version_in_range(version: str, lowest: str | None, below: str | None) -> bool:
+    """``lowest <= version < below`` on the numeric release part, bounds optional."""
+    release = _release(version)
+    if lowest is not None and release < _release(lowest):
+        return False
+    return below is None or release < _release(below)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    digits = version.split("+")[0].split(".")
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in digits[:3])
+
+
+class ConformanceError(AssertionError):
+    """An example broke the spec where nothing declares a deviation, or a declaration is stale."""
+
+
+@dataclass
+class Violation:
+    """One clause of a rule that did not hold, with a line of code that shows it."""
+
+    clause: str
+    message: str
+    code: str | None = None
+
+
+# Observed deviations in this process: (property_id, target_name, clause) -> examples.
+OBSERVED: Counter[tuple[str, str, str]] = Counter()
+
+
+@dataclass
+class Checker:
+    """Collects violations of one example; ``verdict`` decides against the declarations."""
+
+    property_id: str
+    target: Any
+    example: Any
+    declared: list[Deviation] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.declared = [
+            d for d in self.target.deviations
+            if d.property_id == self.property_id
+            and d.holds_for_installed_torch()
+            and d.applies(self.example)
+        ]
+
+    def that(self, holds: bool, clause: str, message: str, code: str | None = None) -> bool:
+        """Record a violation of ``clause`` unless ``holds``; return ``holds``."""
+        if not holds:
+            self.violations.append(Violation(clause, message, code))
+        return bool(holds)
+
+    def verdict(self, repro: Callable[[list[Violation]], str] | None = None) -> None:
+        """Pass, count declared deviations, or raise ``ConformanceError`` with a repro."""
+        violated = {v.clause for v in self.violations}
+        declared = {d.observed for d in self.declared}
+        unexplained = [v for v in self.violations if v.clause not in declared]
+        stale = [d for d in self.declared if d.observed not in violated]
+        if not unexplained and not stale:
+            for clause in violated:
+                OBSERVED[(self.property_id, self.target.name, clause)] += 1
+            return
+        raise ConformanceError(self._explain(unexplained, stale, repro))
+
+    def _explain(self, unexplained, stale, repro) -> str:
+        lines = [f"{self.property_id} on target {self.target.name!r}:"]
+        lines += [f"  broken rule [{v.clause}]: {v.message}" for v in unexplained]
+        lines += [
+            f"  stale deviation [{d.observed}]: declared ({d.reason.splitlines()[0]}) but the "
+            "target now follows the spec here; remove or narrow the declaration"
+            for d in stale
+        ]
+        if repro is not None and os.environ.get("SWAPSPEC_NO_REPRO") != "1":
+            lines += ["", "Standalone repro (run from the swapspec checkout):", "",
+                      repro(unexplained)]
+        return "\n".join(lines)

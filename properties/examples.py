@@ -1,0 +1,143 @@
+"""The drawn example a property runs, and facts about it that deviation predicates read.
+
+Facts are computed from the module *before* the target touches it, so a predicate
+describes the input, never the outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import UninitializedParameter
+
+
+def named_tensors(module: nn.Module) -> dict[str, Tensor]:
+    """Every name of every parameter and buffer, aliases included (``remove_duplicate=False``)."""
+    return dict([
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ])
+
+
+def slots(module: nn.Module) -> dict[str, Any]:
+    """Every registered slot by dotted name, ``None`` slots and shared paths included."""
+    table: dict[str, Any] = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for registry in (m._parameters, m._buffers):
+            for key, value in registry.items():
+                table[f"{prefix}.{key}" if prefix else key] = value
+    return table
+
+
+def alias_groups(module: nn.Module) -> list[list[str]]:
+    """Names that reach one tensor object, for every object with two or more names."""
+    by_id: dict[int, list[str]] = {}
+    for name, tensor in named_tensors(module).items():
+        by_id.setdefault(id(tensor), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def shared_submodules(module: nn.Module) -> list[list[str]]:
+    """Paths that reach one submodule object, for every submodule with two or more paths."""
+    by_id: dict[int, list[str]] = {}
+    for path, m in module.named_modules(remove_duplicate=False):
+        by_id.setdefault(id(m), []).append(path)
+    return [paths for paths in by_id.values() if len(paths) > 1]
+
+
+def distinct_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """Each parameter object once."""
+    return list({id(p): p for p in module.parameters()}.values())
+
+
+@dataclass
+class Example:
+    """One drawn case: a module and, depending on the property, a conversion, flags, a call."""
+
+    module: nn.Module
+    conversion: Any = None
+    flags: Any = None
+    call: Any = None
+    recurse: bool = True
+    facts: frozenset[str] = field(default=frozenset(), init=False)
+
+    def __post_init__(self) -> None:
+        self.facts = frozenset(module_facts(self.module))
+
+    def has(self, fact: str) -> bool:
+        """Whether the module had ``fact`` (see ``module_facts``) before the target ran."""
+        return fact in self.facts
+
+
+def module_facts(module: nn.Module) -> set[str]:
+    """Structural facts of a module, named as deviation predicates use them."""
+    params = distinct_parameters(module)
+    facts = set()
+    groups = alias_groups(module)
+    param_ids = {id(p) for p in params}
+    tensors = named_tensors(module)
+    if any(id(tensors[g[0]]) in param_ids for g in groups):
+        facts.add("alias-parameter")
+    if any(id(tensors[g[0]]) not in param_ids for g in groups):
+        facts.add("alias-buffer")
+    if shared_submodules(module):
+        facts.add("shared-submodule")
+    if _has_tied_parameter_across_modules(module):
+        facts.add("tied-parameter")
+    if any(type(p) is not nn.Parameter for p in params):
+        facts.add("parameter-subclass")
+    if any(isinstance(p, UninitializedParameter) for p in params):
+        facts.add("uninitialized-parameter")
+    if any(p.__dict__ for p in params):
+        facts.add("parameter-attributes")
+    if any(p.grad is not None for p in params):
+        facts.add("grad")
+    if params:
+        facts.add("parameter")
+    return facts
+
+
+def _has_tied_parameter_across_modules(module: nn.Module) -> bool:
+    """One parameter object registered in two distinct (module, key) slots."""
+    seen: dict[int, tuple[int, str]] = {}
+    for m in {id(m): m for m in module.modules()}.values():
+        for key, p in m._parameters.items():
+            if p is None:
+                continue
+            if id(p) in seen and seen[id(p)] != (id(m), key):
+                return True
+            seen.setdefault(id(p), (id(m), key))
+    return False
+
+
+def is_fresh(value: Any, module_tensors: dict[str, Tensor]) -> bool:
+    """A given value that is a tensor not already held by the module."""
+    return isinstance(value, Tensor) and all(value is not t for t in module_tensors.values())
+
+
+def floating_or_complex(t: Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def snapshot_values(module: nn.Module) -> dict[str, Tensor]:
+    """Detached clones of every tensor's values (meta tensors as they are)."""
+    return {name: t.detach().clone() for name, t in named_tensors(module).items()}
+
+
+def same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal dtype, shape, device and values (NaNs equal); meta tensors compare by metadata."""
+    if (a.dtype, a.shape, a.device, a.layout) != (b.dtype, b.shape, b.device, b.layout):
+        return False
+    if a.device.type == "meta":
+        return True
+    a, b = a.detach(), b.detach()
+    if a.layout != torch.strided:
+        a, b = a.to_dense(), b.to_dense()
+    if torch.equal(a, b):
+        return True
+    if not floating_or_complex(a):
+        return False
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())

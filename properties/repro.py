@@ -1,0 +1,136 @@
+"""Standalone repro scripts for failing examples.
+
+A repro rebuilds the drawn module from its spec, runs the same call on the same target,
+and asserts each broken clause with a line of code, so it can be pasted into a bug report.
+Run it from the swapspec checkout (it imports the tree builder from ``strategies``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from properties.deviations import Violation
+from strategies import tree_info
+
+PRELUDE = [
+    "import torch",
+    "",
+    "def named(m):  # every name of every parameter and buffer, aliases included",
+    "    return dict([*m.named_parameters(remove_duplicate=False),",
+    "                 *m.named_buffers(remove_duplicate=False)])",
+    "",
+]
+
+
+def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
+    """A script that converts the example's module on ``target`` and shows the broken rule."""
+    flags = example.flags
+    lines = [*PRELUDE, *_tree_lines(example.module)]
+    lines += ["before = named(module)", f"fn = {example.conversion.repro}"]
+    call = (f"module._apply(fn, recurse={example.recurse})" if target.name.startswith("torch")
+            else f"target.apply(module, fn, overwrite={flags.overwrite}, swap={flags.swap}, "
+                 f"recurse={example.recurse})")
+    lines += _target_lines(target, flags)
+    lines += ["try:", f"    {call}", "finally:", *_restore_flag_lines(target)]
+    lines += ["after = named(module)", *_assert_lines(violations)]
+    return "\n".join(lines)
+
+
+def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:
+    """A script that runs the example's functional call on ``target`` and shows the broken rule."""
+    call = example.call
+    own = {id(t): name for name, t in _named(example.module).items()}
+    lines = [*PRELUDE, *_tree_lines(example.module), "before = named(module)"]
+    lines.append(f"tensors = {_tensors_code(call.tensors, own)}")
+    lines.append(f"args = {_value_code(call.args, own)}")
+    lines.append(f"kwargs = {_value_code(call.kwargs, own)}")
+    lines += _target_lines(target, None)
+    fc = {"torch": "torch.func.functional_call",
+          "torch-stateless": "torch.nn.utils.stateless.functional_call"}.get(
+              target.name, "target.functional_call")
+    lines += [
+        "try:",
+        f"    out = {fc}(module, tensors, args, kwargs, tie_weights={call.tie_weights}, "
+        f"strict={call.strict})",
+        "except Exception as e:",
+        "    out = e",
+        "    print('raised', type(e).__name__, e)",
+        "after = named(module)",
+        *_assert_lines(violations),
+    ]
+    return "\n".join(lines)
+
+
+def _named(module) -> dict[str, Tensor]:
+    from properties.examples import named_tensors
+
+    return named_tensors(module)
+
+
+def _tree_lines(module) -> list[str]:
+    info = tree_info(module)
+    return info.source("module").splitlines() if info is not None else [
+        "module = ...  # not a generated tree: build it by hand"]
+
+
+def _target_lines(target: Any, flags: Any) -> list[str]:
+    if target.name.startswith("torch"):
+        if flags is None:
+            return []
+        return [
+            f"torch.__future__.set_overwrite_module_params_on_conversion({flags.overwrite})",
+            f"torch.__future__.set_swap_module_params_on_conversion({flags.swap})",
+        ]
+    return ["from properties.targets import load_target", f"target = load_target({target.selector!r})"]
+
+
+def _restore_flag_lines(target: Any) -> list[str]:
+    if target.name.startswith("torch"):
+        return ["    torch.__future__.set_overwrite_module_params_on_conversion(False)",
+                "    torch.__future__.set_swap_module_params_on_conversion(False)"]
+    return ["    pass"]
+
+
+def _assert_lines(violations: list[Violation]) -> list[str]:
+    lines = []
+    for v in violations:
+        lines.append(f"# broken rule [{v.clause}]: {v.message}")
+        if v.code:
+            lines.append(f"assert {v.code}, {v.message!r}")
+    return lines
+
+
+def _tensors_code(tensors: Any, own: dict[int, str]) -> str:
+    if isinstance(tensors, dict):
+        return _value_code(tensors, own)
+    if isinstance(tensors, tuple | list):
+        inner = ", ".join(_tensors_code(d, own) for d in tensors)
+        return f"({inner},)" if isinstance(tensors, tuple) else f"[{inner}]"
+    return repr(tensors)
+
+
+def _value_code(value: Any, own: dict[int, str]) -> str:
+    """Python source that rebuilds ``value`` (module tensors by name, others by value)."""
+    if isinstance(value, Tensor):
+        return (own.get(id(value)) and f"before[{own[id(value)]!r}]") or _tensor_code(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_value_code(v, own)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        return "(" + "".join(f"{_value_code(v, own)}, " for v in value) + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value_code(v, own) for v in value) + "]"
+    return repr(value)
+
+
+def _tensor_code(t: Tensor) -> str:
+    data = t.detach()
+    if data.device.type == "meta":
+        code = f"torch.empty({list(data.shape)}, dtype={data.dtype}, device='meta')"
+    else:
+        code = f"torch.tensor({data.cpu().tolist()!r}, dtype={data.dtype})"
+    if isinstance(t, torch.nn.Parameter):
+        return f"torch.nn.Parameter({code}, requires_grad={t.requires_grad})"
+    return f"{code}.requires_grad_()" if t.requires_grad else code

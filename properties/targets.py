@@ -1,0 +1,136 @@
+"""Targets: the implementations the suite tests, and how one is chosen.
+
+A target is any object (a module qualifies) with:
+
+- ``name: str``;
+- ``apply(module, fn, *, overwrite: bool, swap: bool, recurse: bool = True)``;
+- ``functional_call(module, tensors, args=(), kwargs=None, *, tie_weights=True, strict=False)``;
+
+and optionally the data the suite reads next to it:
+
+- ``deviations``: a sequence of ``properties.deviations.Deviation`` it is known to have;
+- ``skips``: a mapping ``{property_id: reason}`` of properties that do not apply to it.
+
+Select one with ``SWAPSPEC_TARGET`` or ``--swapspec-target``: a built-in name or
+``package.module:attribute``. With neither, every built-in target runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from properties.torch_deviations import TORCH_DEVIATIONS
+from torch import nn
+
+import reference
+from properties.deviations import Deviation
+
+BUILTIN_NAMES = ("reference", "torch", "torch-stateless")
+
+
+class TargetError(Exception):
+    """A target string that names nothing usable."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One implementation under test, with its declared deviations and skips."""
+
+    name: str
+    apply: Callable[..., nn.Module]
+    functional_call: Callable[..., Any]
+    deviations: tuple[Deviation, ...] = ()
+    skips: Mapping[str, str] = field(default_factory=dict)
+    spec: str = ""  # the string that selects it, for repros; defaults to ``name``
+
+    @property
+    def selector(self) -> str:
+        """What ``load_target`` takes to get this target back."""
+        return self.spec or self.name
+
+
+def torch_apply(
+    module: nn.Module, fn: Callable, *, overwrite: bool, swap: bool, recurse: bool = True
+) -> nn.Module:
+    """``module._apply(fn, recurse)`` with ``torch.__future__``'s flags set for the call."""
+    future = torch.__future__
+    saved = (
+        future.get_overwrite_module_params_on_conversion(),
+        future.get_swap_module_params_on_conversion(),
+    )
+    try:
+        future.set_overwrite_module_params_on_conversion(overwrite)
+        future.set_swap_module_params_on_conversion(swap)
+        return module._apply(fn, recurse=recurse)
+    finally:
+        future.set_overwrite_module_params_on_conversion(saved[0])
+        future.set_swap_module_params_on_conversion(saved[1])
+
+
+def stateless_functional_call(module, tensors, args=(), kwargs=None, *, tie_weights=True,
+                              strict=False):
+    """``torch.nn.utils.stateless.functional_call``, its FutureWarning silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.nn.utils.stateless.functional_call(
+            module, tensors, args, kwargs, tie_weights=tie_weights, strict=strict
+        )
+
+
+STATELESS_SKIPS = {
+    "FC-INPUT-FORMS": "torch.nn.utils.stateless.functional_call takes a single dict only",
+}
+
+
+def builtin_target(name: str) -> Target:
+    """The built-in target called ``name``."""
+    if name == "reference":
+        return from_object(reference)
+    if name == "torch":
+        return Target("torch", torch_apply, torch.func.functional_call,
+                      deviations=TORCH_DEVIATIONS)
+    if name == "torch-stateless":
+        return Target("torch-stateless", torch_apply, stateless_functional_call,
+                      deviations=TORCH_DEVIATIONS, skips=STATELESS_SKIPS)
+    raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
+                      " or give package.module:attribute")
+
+
+def from_object(obj: Any) -> Target:
+    """Wrap any object with ``name``, ``apply`` and ``functional_call`` as a Target."""
+    if isinstance(obj, Target):
+        return obj
+    missing = [a for a in ("name", "apply", "functional_call") if not hasattr(obj, a)]
+    if missing:
+        raise TargetError(f"{obj!r} is not a target: it lacks {', '.join(missing)}")
+    return Target(
+        str(obj.name), obj.apply, obj.functional_call,
+        deviations=tuple(getattr(obj, "deviations", ())),
+        skips=dict(getattr(obj, "skips", {})),
+    )
+
+
+def load_target(spec: str) -> Target:
+    """A built-in name, or ``package.module:attribute`` naming a target object."""
+    spec = spec.strip()
+    if ":" not in spec:
+        return builtin_target(spec)
+    module_name, _, attribute = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as e:
+        raise TargetError(f"cannot load target {spec!r}: {type(e).__name__}: {e}") from e
+    return dataclasses.replace(from_object(obj), spec=spec)
+
+
+def load_targets(spec: str | None) -> Sequence[Target]:
+    """The selected targets: the one ``spec`` names, or every built-in when it is empty."""
+    if not spec:
+        return [builtin_target(name) for name in BUILTIN_NAMES]
+    return [load_target(part) for part in spec.split(",") if part.strip()]

@@ -1,0 +1,339 @@
+"""Properties of ``apply`` (``nn.Module._apply``): one rule per test.
+
+Origins: pytorch #17072 (``.data =`` broke ``model.to(xla)``), #21613 (the overwrite
+flag), #109269 / #113000 (``swap_tensors`` and the swap flag).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+
+from hypothesis import assume, given
+
+from properties.common import (
+    converted_like,
+    distinct,
+    expected_path,
+    is_uninitialized,
+    no_error,
+    run_apply,
+    slot_code,
+    snapshot_for_apply,
+    spec_property,
+)
+from properties.deviations import Checker
+from properties.examples import Example, alias_groups, named_tensors, same_values, slots
+from properties.repro import apply_repro
+from strategies import conversions, flag_settings, module_trees
+
+trees = module_trees()
+plain_conversions = conversions(raising=False)
+
+
+def _setup(target, property_id, module, conversion, flags, recurse=True):
+    example = Example(module, conversion=conversion, flags=flags, recurse=recurse)
+    check = Checker(property_id, target, example)
+    snap = snapshot_for_apply(module, conversion.make_fn, recurse)
+    return example, check, snap
+
+
+def _verdict(check: Checker, example: Example, target) -> None:
+    check.verdict(partial(apply_repro, example, target))
+
+
+@spec_property("APPLY-PATH")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_path(target, module, conversion, flags):
+    """Each parameter takes the path its flags and TensorImpl compatibility choose.
+
+    set_data keeps the object and its ``_cdata``; swap keeps the object with new
+    ``_cdata``; overwrite puts a new object in the slot. Origin: pytorch #21613, #113000.
+    """
+    example, check, snap = _setup(target, "APPLY-PATH", module, conversion, flags)
+    assume(snap.expected_error is None)
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, "apply"):
+        after = named_tensors(module)
+        for name, before in snap.names.items():
+            if id(before) not in snap.classes:
+                continue  # a buffer: always rebound
+            path = expected_path(before, snap.expected[id(before)], flags.overwrite, flags.swap)
+            now = after[name]
+            same, cdata_kept = now is before, now._cdata == snap.cdata[id(before)]
+            shown = {"set_data": same and cdata_kept, "swap": same and not cdata_kept,
+                     "overwrite": not same}[path]
+            check.that(shown, f"path-{path}",
+                       f"{name!r} should take the {path} path (object kept: {same}, "
+                       f"_cdata kept: {cdata_kept})",
+                       code=f"{slot_code(name)} is before[{name!r}]" if path != "overwrite"
+                       else f"{slot_code(name)} is not before[{name!r}]")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-NO-SET-DATA-ACROSS-IMPL")
+@given(module=trees, conversion=conversions(raising=False).filter(lambda c: c.changes_impl),
+       flags=flag_settings())
+def test_apply_never_set_data_across_impl(target, module, conversion, flags):
+    """A conversion that changes the TensorImpl type succeeds and never goes through ``.data =``.
+
+    Origin: pytorch #17072: ``param.data = fn(param.data)`` broke ``model.to(xla)``.
+    """
+    example, check, snap = _setup(target, "APPLY-NO-SET-DATA-ACROSS-IMPL", module, conversion,
+                                  flags)
+    assume(snap.expected_error is None)
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, f"apply({conversion.name})"):
+        after = named_tensors(module)
+        for name, before in snap.names.items():
+            now = after[name]
+            kept_cdata = now is before and now._cdata == snap.cdata[id(before)]
+            changed = not converted_like(before, snap.expected[id(before)], values=False)
+            check.that(not (kept_cdata and changed and id(before) in snap.classes), "set-data",
+                       f"{name!r} kept its object and _cdata across a TensorImpl change")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-VALUES")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_values(target, module, conversion, flags):
+    """Every parameter and buffer ends with ``fn``'s result: dtype, device, layout and values.
+
+    Values are compared unless the conversion does not preserve them (``to_empty``, meta).
+    Origin: the contract of ``nn.Module.to``/``half``/``cpu``.
+    """
+    example, check, snap = _setup(target, "APPLY-VALUES", module, conversion, flags)
+    assume(snap.expected_error is None)
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, "apply"):
+        after = named_tensors(module)
+        for name, before in snap.names.items():
+            check.that(converted_like(after[name], snap.expected[id(before)],
+                                      conversion.preserves_values), "value",
+                       f"{name!r} is not fn's result: got {_describe(after[name])}, "
+                       f"want {_describe(snap.expected[id(before)])}")
+    _verdict(check, example, target)
+
+
+def _describe(t) -> str:
+    if is_uninitialized(t):
+        return f"uninitialized {t.dtype}"
+    return f"{type(t).__name__}({t.dtype}, {t.device}, {t.layout}, shape={tuple(t.shape)})"
+
+
+@spec_property("APPLY-PARAMETER-IDENTITY")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_keeps_parameter_class_and_attributes(target, module, conversion, flags):
+    """Every parameter keeps its class, instance attributes and ``requires_grad`` on every path.
+
+    Origin: ``Parameter`` subclasses and lazy modules' ``UninitializedParameter`` broke under
+    the overwrite and swap paths (pytorch #113000 discussion).
+    """
+    example, check, snap = _setup(target, "APPLY-PARAMETER-IDENTITY", module, conversion, flags)
+    assume(snap.expected_error is None)
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, "apply"):
+        after = named_tensors(module)
+        for name, before in snap.names.items():
+            key = id(before)
+            if key not in snap.classes:
+                continue
+            now = after[name]
+            subclass_result = type(snap.expected[key]).__name__ not in (
+                "Tensor", "Parameter", snap.classes[key].__name__)
+            check.that(subclass_result or type(now) is snap.classes[key], "class",
+                       f"{name!r} became {type(now).__name__}, was {snap.classes[key].__name__}",
+                       code=f"type({slot_code(name)}) is type(before[{name!r}])")
+            check.that(all(getattr(now, a, _MISSING) == v for a, v in snap.attributes[key].items()),
+                       "attributes", f"{name!r} lost attributes {sorted(snap.attributes[key])}")
+            check.that(now.requires_grad == snap.requires_grad[key], "requires-grad",
+                       f"{name!r} requires_grad changed")
+    _verdict(check, example, target)
+
+
+_MISSING = object()
+
+
+@spec_property("APPLY-GRADS")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_converts_grads(target, module, conversion, flags):
+    """A parameter's grad is converted by ``fn``, stays a leaf and keeps its ``requires_grad``.
+
+    Origin: ``_apply``'s grad handling (pytorch #17072, #113000).
+    """
+    example, check, snap = _setup(target, "APPLY-GRADS", module, conversion, flags)
+    assume(snap.expected_error is None)
+    assume(any(g is not None for g in snap.grads.values()))
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, "apply"):
+        after = named_tensors(module)
+        for name, before in snap.names.items():
+            grad = snap.grads.get(id(before))
+            if grad is None:
+                continue
+            now = after[name].grad
+            if not check.that(now is not None, "grad-lost", f"{name!r} lost its grad",
+                              code=f"{slot_code(name)}.grad is not None"):
+                continue
+            check.that(converted_like(now, snap.expected[id(grad)], conversion.preserves_values),
+                       "grad-value", f"{name!r}.grad is not fn(grad): got {_describe(now)}")
+            check.that(now.is_leaf and now.requires_grad == grad.requires_grad, "grad-leaf",
+                       f"{name!r}.grad is not a leaf with its own requires_grad")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-NONE-SLOTS")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_keeps_none_slots(target, module, conversion, flags):
+    """A ``None``-registered parameter or buffer stays ``None`` and registered.
+
+    Origin: ``_apply`` skips ``None`` entries (``nn.Module`` contract).
+    """
+    example, check, snap = _setup(target, "APPLY-NONE-SLOTS", module, conversion, flags)
+    assume(snap.expected_error is None)
+    none_slots = [name for name, v in snap.slots.items() if v is None]
+    assume(none_slots)
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, "apply"):
+        now = slots(module)
+        for name in none_slots:
+            check.that(name in now and now[name] is None, "none-slot",
+                       f"None slot {name!r} became {type(now.get(name)).__name__}")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-TIES")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_keeps_ties(target, module, conversion, flags):
+    """Names that held one tensor (tied parameters, tied buffers, shared submodules) hold one after.
+
+    Origin: weight tying under ``model.to(xla)`` split ties (pytorch/xla #3718 and
+    the torch_xla docs on re-tying weights after ``to``).
+    """
+    example, check, snap = _setup(target, "APPLY-TIES", module, conversion, flags)
+    assume(snap.expected_error is None)
+    groups = alias_groups(module)
+    assume(groups)
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, "apply"):
+        after = named_tensors(module)
+        for names in groups:
+            kind = "parameter" if id(snap.names[names[0]]) in snap.classes else "buffer"
+            check.that(len({id(after[n]) for n in names}) == 1, f"{kind}-tie-split",
+                       f"tied {kind} names {names} now hold {len({id(after[n]) for n in names})} "
+                       "objects", code=f"{slot_code(names[0])} is {slot_code(names[-1])}")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-FN-ONCE")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_calls_fn_once_per_tensor(target, module, conversion, flags):
+    """``fn`` runs exactly once for each distinct parameter, grad and buffer object.
+
+    Origin: tied weights were converted twice (``t + 1`` became ``t + 2``) on the
+    set_data and swap paths.
+    """
+    example, check, snap = _setup(target, "APPLY-FN-ONCE", module, conversion, flags)
+    assume(snap.expected_error is None)
+    fn = conversion.make_fn()
+    calls: Counter[int] = Counter()
+
+    def counting(t):
+        calls[id(t)] += 1
+        return fn(t)
+
+    keep_alive = [*snap.names.values(), *(g for g in snap.grads.values() if g is not None)]
+    outcome = run_apply(target, example, counting)
+    if no_error(check, outcome, "apply"):
+        wanted = {id(t) for t in distinct(keep_alive)}
+        repeated = {k: n for k, n in calls.items() if n > 1}
+        check.that(not repeated, "fn-repeated", f"fn ran {max(repeated.values(), default=0)} "
+                   "times on one tensor object")
+        check.that(wanted <= set(calls), "fn-skipped",
+                   f"fn never ran on {len(wanted - set(calls))} tensor(s)")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-RECURSE-FALSE")
+@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+def test_apply_recurse_false_touches_own_tensors_only(target, module, conversion, flags):
+    """With ``recurse=False`` only the module's own slots change; descendants' tensors do not.
+
+    Origin: ``nn.Module._apply(fn, recurse)`` (pytorch #91795).
+    """
+    example, check, snap = _setup(target, "APPLY-RECURSE-FALSE", module, conversion, flags,
+                                  recurse=False)
+    assume(snap.expected_error is None)
+    own = {id(t) for t in [*module._parameters.values(), *module._buffers.values()]
+           if t is not None}
+    others = {n: t for n, t in snap.names.items() if id(t) not in own}
+    assume(others)
+    values = {n: t.detach().clone() for n, t in others.items() if not is_uninitialized(t)}
+    outcome = run_apply(target, example, conversion.make_fn())
+    if no_error(check, outcome, "apply"):
+        after = named_tensors(module)
+        for name, before in others.items():
+            check.that(after[name] is before and (name not in values
+                                                  or same_values(after[name], values[name])),
+                       "descendant-touched", f"{name!r} is not the module's own but changed",
+                       code=f"{slot_code(name)} is before[{name!r}]")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-ATOMIC")
+@given(module=trees, conversion=conversions(raising=True).filter(lambda c: c.raises_on),
+       flags=flag_settings())
+def test_apply_is_atomic(target, module, conversion, flags):
+    """If ``fn`` raises on any tensor, the module is left exactly as it was and the error propagates.
+
+    Origin: swapspec spec (torch converts tensors one by one; a failure halfway leaves a
+    half-converted module, e.g. an out-of-memory error during ``model.to('cuda')``).
+    """
+    example, check, snap = _setup(target, "APPLY-ATOMIC", module, conversion, flags)
+    assume(snap.expected_error is not None)
+    values = {n: t.detach().clone() for n, t in snap.names.items() if not is_uninitialized(t)}
+    grad_values = {k: g.detach().clone() for k, g in snap.grads.items() if g is not None}
+    outcome = run_apply(target, example, conversion.make_fn())
+    check.that(type(outcome.error) is type(snap.expected_error), "no-error",
+               f"fn raised on tensor {conversion.raises_on} but apply gave "
+               f"{type(outcome.error).__name__ if outcome.error else 'no error'}")
+    now_slots, after = slots(module), named_tensors(module)
+    for name, before in snap.slots.items():
+        check.that(now_slots.get(name, _MISSING) is before, "slot-changed",
+                   f"slot {name!r} holds another object after a failed apply",
+                   code=f"{slot_code(name)} is before[{name!r}]")
+    for name, value in values.items():
+        check.that(same_values(after[name], value), "value-changed",
+                   f"{name!r} changed value/dtype after a failed apply")
+    for key, grad in snap.grads.items():
+        param = next(t for t in snap.names.values() if id(t) == key)
+        check.that(param.grad is grad and (grad is None or same_values(grad, grad_values[key])),
+                   "grad-changed", "a grad changed after a failed apply")
+    _verdict(check, example, target)
+
+
+@spec_property("APPLY-ROUND-TRIP")
+@given(module=trees, flags=flag_settings())
+def test_apply_double_then_float_restores_values(target, module, flags):
+    """``double()`` then ``float()`` gives back every float32 tensor's values exactly.
+
+    Origin: the ``nn.Module.double``/``float`` contract; float64 holds every float32.
+    """
+    from strategies import conversion_named
+
+    there, back = conversion_named("double()"), conversion_named("float()")
+    example = Example(module, conversion=there, flags=flags)
+    check = Checker("APPLY-ROUND-TRIP", target, example)
+    before = {n: t.detach().clone() for n, t in named_tensors(module).items()
+              if not is_uninitialized(t)}
+    outcome = run_apply(target, example, there.make_fn())
+    if no_error(check, outcome, "double()"):
+        outcome = run_apply(target, example, back.make_fn())
+    if no_error(check, outcome, "float()"):
+        after = named_tensors(module)
+        for name, value in before.items():
+            want = value.float() if value.is_floating_point() else value
+            check.that(same_values(after[name], want), "round-trip",
+                       f"{name!r} changed over double() then float()")
+    _verdict(check, example, target)
+

@@ -1,0 +1,373 @@
+"""Properties of ``functional_call``: one rule per test.
+
+Origin of the design: pytorch PR #92536 (swap tensors straight into ``_parameters`` /
+``_buffers``; ``tie_weights``; ``strict``), replacing class swapping (#92295) and
+``delattr``/``setattr`` tricks.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from torch import Tensor
+
+from properties.common import (
+    Outcome,
+    attempt,
+    check_untouched,
+    clone_value,
+    load_into,
+    module_state,
+    same_output,
+    spec_property,
+    watch_forward,
+)
+from properties.deviations import Checker
+from properties.examples import Example, named_tensors, same_values
+from properties.oracle import (
+    ExpectedError,
+    expected_outcome,
+    expected_view,
+    merge_inputs,
+    owner_of,
+    tie_groups,
+)
+from properties.repro import call_repro
+from strategies import call_inputs, module_trees, tree_info
+
+trees = module_trees()
+
+
+def _draw(data, property_id: str, target, **options):
+    module = data.draw(trees, label="module")
+    call = data.draw(call_inputs(module, **options), label="call")
+    example = Example(module, call=call)
+    return module, call, example, Checker(property_id, target, example)
+
+
+def _expected(module, call, tensors=None) -> dict[str, Any] | ExpectedError:
+    return expected_outcome(module, call.tensors if tensors is None else tensors,
+                            tie_weights=call.tie_weights, strict=call.strict)
+
+
+def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome:
+    return attempt(lambda: target.functional_call(
+        module, call.tensors if tensors is None else tensors,
+        call.args if args is None else args, call.kwargs if kwargs is None else kwargs,
+        tie_weights=call.tie_weights, strict=call.strict))
+
+
+def _verdict(check: Checker, example: Example, target) -> None:
+    check.verdict(partial(call_repro, example, target))
+
+
+def _raised_as_expected(check: Checker, outcome: Outcome, expected: ExpectedError,
+                        clause: str) -> None:
+    error = outcome.error
+    check.that(error is not None and expected.matches(error), clause,
+               f"want {expected.type.__name__}: {expected.message!r}; got "
+               + (f"{type(error).__name__}: {error}" if error else "no error"),
+               code="isinstance(out, Exception)")
+
+
+def _owners(module, names) -> dict[str, tuple]:
+    found = {n: owner_of(module, n) for n in names}
+    return {n: o for n, o in found.items() if not isinstance(o, ExpectedError)}
+
+
+@spec_property("FC-RESTORE")
+@given(data=st.data())
+def test_fc_restores_module(target, data):
+    """After the call, returned or raised, every slot holds its original object and no attribute remains.
+
+    Values of replaced originals are untouched. Origin: PR #92536 restores in ``finally``;
+    the old implementations leaked on exceptions.
+    """
+    module, call, example, check = _draw(data, "FC-RESTORE", target, invalid=True)
+    before = module_state(module)
+    given_ids = {id(v) for v in _given_values(call)}
+    replaced = {id(t) for t in before.slots.values()} - given_ids
+    _call(target, module, call)
+    check_untouched(check, before, module, "not-restored", values_of=replaced)
+    _verdict(check, example, target)
+
+
+def _given_values(call) -> list[Any]:
+    merged = merge_inputs(call.tensors)
+    return [] if isinstance(merged, ExpectedError) else list(merged.values())
+
+
+@spec_property("FC-VISIBLE")
+@given(data=st.data())
+def test_fc_given_tensors_visible_in_forward(target, data):
+    """Inside forward, attribute access, ``named_*``, ``parameters()``, ``buffers()`` and
+    ``state_dict()`` all show the given objects.
+
+    Origin: pytorch #92295 (class swapping left ``parameters()`` showing the originals).
+    """
+    module, call, example, check = _draw(data, "FC-VISIBLE", target)
+    filled = _expected(module, call)
+    assume(not isinstance(filled, ExpectedError))
+    given = merge_inputs(call.tensors)
+    registered = named_tensors(module)
+    view, handle = watch_forward(module, _owners(module, given))
+    try:
+        outcome = _call(target, module, call)
+    finally:
+        handle.remove()
+    check.that(view.seen or outcome.error is not None, "forward-not-run", "forward never ran")
+    if view.seen:
+        for name, value in given.items():
+            _check_visible(check, view, name, value, name in registered)
+    _verdict(check, example, target)
+
+
+def _check_visible(check: Checker, view, name: str, value: Any, registered: bool) -> None:
+    seen = view.attributes.get(name)
+    check.that(seen is value, "attribute", f"attribute access for {name!r} did not give the "
+               "given object", code=None)
+    if not registered:
+        return
+    if value is None:
+        check.that(name not in view.named, "named-tensors",
+                   f"{name!r} was given None but still listed by named_parameters/buffers")
+        return
+    check.that(view.named.get(name) is value, "named-tensors",
+               f"named_parameters/named_buffers showed another object for {name!r}")
+    ids = view.parameter_ids | view.buffer_ids
+    check.that(id(value) in ids, "parameters-buffers",
+               f"parameters()/buffers() did not include the object given for {name!r}")
+    if name in view.state_dict:
+        check.that(view.state_dict[name] is value, "state-dict",
+                   f"state_dict(keep_vars=True) showed another object for {name!r}")
+
+
+@spec_property("FC-ORACLE")
+@given(data=st.data())
+def test_fc_matches_loaded_copy(target, data):
+    """The output equals a copy of the module with the same tensors loaded into it.
+
+    An empty dict, or the module's own tensors, gives ``module(x)``. Origin: the
+    ``functional_call`` contract (torch.func docs).
+    """
+    module, call, example, check = _draw(data, "FC-ORACLE", target)
+    filled = _expected(module, call)
+    assume(not isinstance(filled, ExpectedError))
+    copy, copy_kwargs = _loaded_copy(module, filled, call)
+    want = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
+    got = _call(target, module, call)
+    check.that(same_output(got, want), "output",
+               f"output differs from the loaded copy's (got {_show(got)}, want {_show(want)})")
+    _verdict(check, example, target)
+
+
+def _loaded_copy(module, filled: dict[str, Any], call):
+    copy = tree_info(module).build()
+    for name, value in filled.items():
+        owner, key = owner_of(copy, name)
+        load_into(owner, key, clone_value(value))
+    kwargs = {k: ([] if k == "report" else v) for k, v in call.kwargs.items()}
+    return copy, kwargs
+
+
+def _show(outcome: Outcome) -> str:
+    if outcome.error is not None:
+        return f"{type(outcome.error).__name__}: {outcome.error}"
+    r = outcome.result
+    return f"tensor {r.flatten()[:4].tolist()}..." if isinstance(r, Tensor) else repr(r)
+
+
+@spec_property("FC-TIES")
+@given(data=st.data())
+def test_fc_tie_rules(target, data):
+    """With ``tie_weights=True`` giving one alias fills every alias; conflicting aliases raise.
+
+    With ``tie_weights=False`` aliases are independent, except names that reach one slot of
+    a shared submodule, which always share it (and conflict if given different objects).
+    Origin: pytorch #86708 (ties ignored), PR #92536 (``tie_weights``).
+    """
+    module, call, example, check = _draw(data, "FC-TIES", target)
+    groups = tie_groups(module)
+    assume(groups)
+    filled = _expected(module, call)
+    if isinstance(filled, ExpectedError):
+        assume(filled.rule in ("tie", "slot"))
+        before = module_state(module)
+        _raised_as_expected(check, _call(target, module, call), filled, f"{filled.rule}-conflict")
+        check_untouched(check, before, module, "touched-on-error")
+        return _verdict(check, example, target)
+    want = expected_view(module, filled)
+    view, handle = watch_forward(module, {})
+    try:
+        _call(target, module, call)
+    finally:
+        handle.remove()
+    if view.seen:
+        for name in groups:
+            check.that(view.named.get(name) is want[name] or (want[name] is None
+                                                              and name not in view.named),
+                       "alias-view", f"alias {name!r} did not show its expected object during forward")
+    return _verdict(check, example, target)
+
+
+@spec_property("FC-STRICT")
+@given(data=st.data())
+def test_fc_strict(target, data):
+    """``strict=True`` raises torch's RuntimeError iff keys are missing or unexpected, before touching anything.
+
+    Origin: pytorch #92153 (strict mode), PR #92536.
+    """
+    module, call, example, check = _draw(data, "FC-STRICT", target)
+    assume(call.strict)
+    expected = _expected(module, call)
+    assume(not isinstance(expected, ExpectedError) or expected.rule == "strict")
+    before = module_state(module)
+    outcome = _call(target, module, call)
+    if isinstance(expected, ExpectedError):
+        _raised_as_expected(check, outcome, expected, "strict-error")
+        check_untouched(check, before, module, "touched-on-error")
+    else:
+        error = outcome.error
+        check.that(not (isinstance(error, RuntimeError) and "reparametrizing" in str(error)),
+                   "strict-false-alarm", f"strict raised on valid keys: {error}")
+    _verdict(check, example, target)
+
+
+@spec_property("FC-INPUT-FORMS")
+@given(data=st.data())
+def test_fc_input_forms(target, data):
+    """A dict, a one-element tuple and a disjoint split give the same result; an overlapping split raises.
+
+    Origin: ``torch.func.functional_call`` accepts a tuple of dicts (PR #92536).
+    """
+    module, call, example, check = _draw(data, "FC-INPUT-FORMS", target)
+    merged = call.merged()
+    assume(not isinstance(_expected(module, call, merged), ExpectedError))
+    cut = data.draw(st.integers(0, len(merged)), label="split at")
+    items = list(merged.items())
+    forms = {"dict": dict(items), "tuple": (dict(items),),
+             "split": (dict(items[:cut]), dict(items[cut:]))}
+    outputs = {label: _call(target, module, call, tensors=_clone_inputs(t), kwargs=_kw(call))
+               for label, t in forms.items()}
+    for label, outcome in outputs.items():
+        check.that(same_output(outcome, outputs["dict"]), "form-differs",
+                   f"the {label} form gave {_show(outcome)}, the dict gave {_show(outputs['dict'])}")
+    if items:
+        overlap = (dict(items[:cut + 1]), dict(items[max(cut, 1) - 1:]))
+        expected = merge_inputs(overlap)
+        _raised_as_expected(check, _call(target, module, call, tensors=overlap, kwargs=_kw(call)),
+                            expected, "overlap-accepted")
+    _verdict(check, example, target)
+
+
+def _clone_inputs(tensors):
+    if isinstance(tensors, dict):
+        return {k: clone_value(v) for k, v in tensors.items()}
+    return tuple(_clone_inputs(d) for d in tensors)
+
+
+def _kw(call) -> dict[str, Any]:
+    return {k: ([] if k == "report" else v) for k, v in call.kwargs.items()}
+
+
+@spec_property("FC-WRITE-BACK")
+@given(data=st.data())
+def test_fc_write_back(target, data):
+    """A slot rebound in forward is written into the caller's mapping; in-place updates land on the caller's tensor.
+
+    Origin: ``torch.func.functional_call`` docs (in-place updates are reflected in the
+    dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
+    """
+    module, call, example, check = _draw(data, "FC-WRITE-BACK", target)
+    filled = _expected(module, call)
+    assume(not isinstance(filled, ExpectedError))
+    given = merge_inputs(call.tensors)
+    buffers = {n for n, _ in module.named_buffers(remove_duplicate=False)}
+    keys = [n for n, v in given.items() if n in buffers and isinstance(v, Tensor)]
+    assume(keys)
+    copy, copy_kwargs = _loaded_copy(module, filled, call)
+    loaded = {n: owner_of(copy, n) for n in keys}
+    loaded_objects = {n: getattr(o, k) for n, (o, k) in loaded.items()}
+    copy_out = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
+    outcome = _call(target, module, call)
+    check.that(type(outcome.error) is type(copy_out.error), "forward-outcome",
+               f"forward outcome differs from the loaded copy's: {_show(outcome)}")
+    sources = _sources(call.tensors)
+    for name in keys:
+        owner, key = loaded[name]
+        now = getattr(owner, key)
+        caller = sources[name][name]
+        if now is loaded_objects[name]:
+            check.that(caller is given[name] and same_values(caller, now), "in-place-lost",
+                       f"the in-place update of {name!r} did not land on the caller's tensor")
+        else:
+            check.that(caller is not given[name] and same_values(caller, now), "rebind-lost",
+                       f"forward rebound {name!r} but the caller's mapping did not get the new object",
+                       code=f"tensors_source[{name!r}] is not given")
+    _verdict(check, example, target)
+
+
+def _sources(tensors) -> dict[str, dict]:
+    if isinstance(tensors, dict):
+        return dict.fromkeys(tensors, tensors)
+    return {k: d for d in tensors for k in d}
+
+
+@spec_property("FC-BAD-INPUT")
+@given(data=st.data())
+def test_fc_bad_input(target, data):
+    """Bad input gets torch's exact error type and message, and the module is unchanged.
+
+    Covers non-tensor values, unknown submodules, non-tensor attributes, empty names and
+    non-mapping input. Origin: ``NamedMemberAccessor`` (PR #92536).
+    """
+    module, call, example, check = _draw(data, "FC-BAD-INPUT", target, invalid=True)
+    expected = _expected(module, call)
+    assume(isinstance(expected, ExpectedError) and expected.rule in ("form", "name"))
+    before = module_state(module)
+    _raised_as_expected(check, _call(target, module, call), expected, "wrong-error")
+    check_untouched(check, before, module, "touched-on-error")
+    _verdict(check, example, target)
+
+
+@spec_property("FC-GRADIENTS")
+@given(data=st.data())
+def test_fc_gradients_flow_to_given_tensors_only(target, data):
+    """Backward through the output reaches the given tensors and not the module's replaced parameters.
+
+    Origin: the purpose of ``functional_call`` (``torch.func.grad`` over parameters).
+    """
+    module, call, example, check = _draw(data, "FC-GRADIENTS", target)
+    assume(not call.kwargs.get("fail"))
+    params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    given = {n: _leaf(v) if n in params else v for n, v in call.merged().items()}
+    tensors = given if isinstance(call.tensors, dict) else (given,)
+    filled = _expected(module, call, tensors)
+    assume(not isinstance(filled, ExpectedError))
+    registered = named_tensors(module)
+    replaced = {n: registered[n] for n in filled if n in registered}
+    grads_before = {n: p.grad for n, p in replaced.items()}
+    outcome = _call(target, module, call, tensors=tensors)
+    assume(outcome.error is None and isinstance(outcome.result, Tensor)
+           and outcome.result.requires_grad)
+    outcome.result.real.float().sum().backward()
+    for name, p in replaced.items():
+        if p is filled[name]:
+            continue
+        check.that(p.grad is grads_before[name], "grad-to-original",
+                   f"backward reached the module's own {name!r}, which was replaced")
+    for name, v in given.items():
+        if name in params and isinstance(v, Tensor) and v.requires_grad:
+            check.that(v.grad is not None, "no-grad-to-given",
+                       f"backward did not reach the given tensor for {name!r}")
+    _verdict(check, example, target)
+
+
+def _leaf(value: Any) -> Any:
+    """A fresh floating leaf that requires grad, for a given floating parameter value."""
+    if isinstance(value, Tensor) and value.is_floating_point() and value.device.type == "cpu":
+        return value.detach().clone().requires_grad_()
+    return value

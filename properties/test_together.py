@@ -1,0 +1,82 @@
+"""Properties of ``apply`` and ``functional_call`` used together: one rule per test."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from properties.common import (
+    attempt,
+    check_untouched,
+    is_uninitialized,
+    module_state,
+    spec_property,
+)
+from properties.deviations import Checker
+from properties.examples import Example, named_tensors
+from properties.repro import call_repro
+from strategies import call_inputs, conversion_named, conversions, flag_settings, module_trees
+
+trees = module_trees()
+cpu_conversions = conversions(devices=["cpu"], raising=False).filter(
+    lambda c: c.preserves_values and not c.changes_impl)
+
+
+@spec_property("TOGETHER-CONVERTED-CALL")
+@given(data=st.data())
+def test_functional_call_on_converted_module(target, data):
+    """A functional call on a module converted by ``apply`` leaves the converted module intact.
+
+    Origin: ``model.half()`` then ``torch.func.functional_call`` (PR #92536 tests).
+    """
+    module = data.draw(trees, label="module")
+    conversion = data.draw(cpu_conversions, label="conversion")
+    flags = data.draw(flag_settings(), label="flags")
+    outcome = attempt(lambda: target.apply(module, conversion.make_fn(), overwrite=flags.overwrite,
+                                           swap=flags.swap))
+    assume(outcome.error is None)
+    call = data.draw(call_inputs(module), label="call")
+    example = Example(module, conversion=conversion, flags=flags, call=call)
+    check = Checker("TOGETHER-CONVERTED-CALL", target, example)
+    before = module_state(module)
+    given_ids = {id(v) for v in call.merged().values()}
+    attempt(lambda: target.functional_call(module, call.tensors, call.args, call.kwargs,
+                                           tie_weights=call.tie_weights, strict=call.strict))
+    check_untouched(check, before, module, "not-restored",
+                    values_of={k for k in before.values if k not in given_ids})
+    check.verdict(partial(call_repro, example, target))
+
+
+@spec_property("TOGETHER-APPLY-IN-FORWARD")
+@given(data=st.data())
+def test_apply_inside_forward_leaves_original_intact(target, data):
+    """``apply`` run inside forward during a functional call (``self.to('meta')``) leaves the original module intact.
+
+    Every name is given, so the conversion inside forward only reaches the given tensors.
+    Origin: swapspec spec; ``torch.func`` users call ``.to`` inside forward.
+    """
+    module = data.draw(trees, label="module")
+    flags = data.draw(flag_settings(), label="flags")
+    to_meta = conversion_named("to('meta')")
+    registered = named_tensors(module)
+    assume(not any(is_uninitialized(t) for t in registered.values()))
+    clones = {id(t): t.detach().clone() for t in registered.values()}
+    fresh = {n: clones[id(t)] for n, t in registered.items()}  # aliases share one clone
+    call = data.draw(call_inputs(module), label="call")
+    example = Example(module, conversion=to_meta, flags=flags, call=call)
+    check = Checker("TOGETHER-APPLY-IN-FORWARD", target, example)
+    before = module_state(module)
+
+    def convert_inside(mod, args, kwargs):
+        target.apply(mod, to_meta.make_fn(), overwrite=flags.overwrite, swap=flags.swap)
+
+    handle = module.register_forward_pre_hook(convert_inside, with_kwargs=True)
+    try:
+        attempt(lambda: target.functional_call(module, fresh, call.args, call.kwargs,
+                                               tie_weights=False))
+    finally:
+        handle.remove()
+    check_untouched(check, before, module, "original-changed")
+    check.verdict(partial(call_repro, example, target))

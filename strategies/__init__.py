@@ -1,0 +1,36 @@
+"""Hypothesis strategies for swapspec: module trees, conversions, flag settings and functional_call inputs.
+
+See each strategy's docstring for its options and shrinking rules, and ``python -m strategies.reach`` for the
+measured reach of every feature.
+"""
+
+from strategies.calls import CallInput, FlagSetting, call_inputs, flag_settings, forward_inputs
+from strategies.conversions import Conversion, ConversionError, conversions
+from strategies.devices import detected_devices, xla_device
+from strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
+from strategies.tree_draws import module_trees, tree_specs
+from strategies.trees import TreeInfo, TreeSpec, build_tree, tree_info
+
+__all__ = [
+    "BATCH",
+    "FEATURES",
+    "CallInput",
+    "Conversion",
+    "ConversionError",
+    "FlagSetting",
+    "ForwardError",
+    "Observation",
+    "TaggedParameter",
+    "TreeInfo",
+    "TreeSpec",
+    "build_tree",
+    "call_inputs",
+    "conversions",
+    "detected_devices",
+    "flag_settings",
+    "forward_inputs",
+    "module_trees",
+    "tree_info",
+    "tree_specs",
+    "xla_device",
+]

@@ -1,0 +1,259 @@
+"""Strategies for ``torch.func.functional_call`` inputs, forward inputs and the ``torch.__future__`` flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+from torch import Tensor, nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from strategies.modules import BATCH, FEATURES
+from strategies.trees import DTYPES, join, tensor_values
+
+FORMS = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
+VALUE_KINDS = ("fresh", "own", "none", "other-dtype")
+FLOATING = ("float64", "float32", "float16", "bfloat16")
+INVALID_KINDS = ("non-tensor-value", "empty-leaf-name", "non-mapping", "non-dict-element")
+
+
+class FlagSetting(NamedTuple):
+    """Values for ``torch.__future__.set_overwrite_module_params_on_conversion`` / ``..._swap_...``."""
+
+    overwrite: bool
+    swap: bool
+
+
+def flag_settings() -> st.SearchStrategy[FlagSetting]:
+    """Draw a :class:`FlagSetting`; shrinks to ``(False, False)`` (torch's default). Reports ``flags: ...``."""
+    return st.builds(FlagSetting, overwrite=st.booleans(), swap=st.booleans()).map(_report_flags)
+
+
+def _report_flags(flags: FlagSetting) -> FlagSetting:
+    event(f"flags: overwrite={flags.overwrite}, swap={flags.swap}")
+    return flags
+
+
+def forward_inputs() -> st.SearchStrategy[tuple[Tensor]]:
+    """Draw ``(x,)``: a float32 tensor of shape ``(BATCH, FEATURES)`` with values in [-2, 2]; shrinks to zeros."""
+    values = st.lists(st.floats(-2, 2, width=32), min_size=BATCH * FEATURES, max_size=BATCH * FEATURES)
+    return values.map(lambda v: (torch.tensor(v, dtype=torch.float32).reshape(BATCH, FEATURES),))
+
+
+@dataclass
+class CallInput:
+    """Arguments for ``functional_call(module, tensors, args, kwargs, tie_weights=..., strict=...)``.
+
+    ``form``: ``'dict'`` (one dict), ``'tuple-single'`` (a 1-tuple of it), ``'tuple-disjoint'`` (split into two
+    dicts without common keys, one may be empty), ``'tuple-overlap'`` (two dicts sharing at least one key: torch
+    raises ``ValueError``). ``invalid`` names the bad input drawn with ``invalid=True`` (None otherwise);
+    ``features`` are the tags reported as ``hypothesis.event('call: <tag>')``.
+    """
+
+    tensors: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    tie_weights: bool = True
+    strict: bool = False
+    form: str = "dict"
+    invalid: str | None = None
+    features: frozenset[str] = field(default_factory=frozenset)
+
+    def merged(self) -> dict[str, Any]:
+        """All given dicts merged into one (for ``tuple-overlap`` the later dict wins); non-dicts are skipped."""
+        if isinstance(self.tensors, dict):
+            return dict(self.tensors)
+        out: dict[str, Any] = {}
+        for part in self.tensors if isinstance(self.tensors, (tuple, list)) else ():
+            if isinstance(part, dict):
+                out.update(part)
+        return out
+
+
+def valid_names(module: nn.Module) -> dict[str, Tensor]:
+    """``named_parameters(remove_duplicate=False)`` then ``named_buffers(remove_duplicate=False)`` (None excluded)."""
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    return dict(named)
+
+
+def _chance(draw: Any, percent: int) -> bool:
+    return draw(st.integers(0, 99)) >= 100 - percent
+
+
+def _can_make(t: Tensor) -> bool:
+    """Fresh values are made for dense, initialized, non-wrapper tensors only (others get their own tensor)."""
+    lazy = isinstance(t, nn.parameter.UninitializedTensorMixin)
+    return t.layout == torch.strided and not lazy and not is_traceable_wrapper_subclass(t)
+
+
+def _fresh(t: Tensor, dtype: str, gen: torch.Generator) -> Tensor:
+    """New values with ``t``'s shape and device, dtype ``dtype``, ``requires_grad`` as ``t`` (when floating)."""
+    shape = tuple(t.shape)
+    if t.device.type == "meta":
+        v = torch.empty(shape, dtype=DTYPES[dtype], device="meta")
+    else:
+        v = tensor_values(shape, dtype, gen).to(t.device)
+    if t.requires_grad and (v.is_floating_point() or v.is_complex()):
+        v.requires_grad_(True)
+    return v
+
+
+def _dtype_name(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str]) -> Tensor | None:
+    kind = draw(st.sampled_from(VALUE_KINDS))
+    if kind in ("fresh", "other-dtype") and (not _can_make(t) or _dtype_name(t) not in DTYPES):
+        kind = "own"
+    if kind == "other-dtype" and not t.is_floating_point():
+        kind = "fresh"
+    tags.add(f"value: {kind}")
+    if kind == "own":
+        return t
+    if kind == "none":
+        return None
+    dtype = _dtype_name(t)
+    if kind == "other-dtype":
+        dtype = draw(st.sampled_from([d for d in FLOATING if d != dtype]))
+    return _fresh(t, dtype, gen)
+
+
+def _module_paths(module: nn.Module) -> dict[int, list[str]]:
+    paths: dict[int, list[str]] = {}
+    for path, m in module.named_modules(remove_duplicate=False):
+        paths.setdefault(id(m), []).append(path)
+    return paths
+
+
+def _alias_tags(chosen: dict[str, Any], names: dict[str, Tensor]) -> set[str]:
+    """Tags for tie groups (names holding one tensor object) that the chosen names touch."""
+    groups: dict[int, list[str]] = {}
+    for name, t in names.items():
+        groups.setdefault(id(t), []).append(name)
+    tags = set()
+    for members in groups.values():
+        given = [n for n in members if n in chosen]
+        if len(members) < 2 or not given:
+            continue
+        if len(given) == 1:
+            tags.add("tie-one-alias")
+        else:
+            same = len({id(chosen[n]) for n in given}) == 1
+            tags.add("tie-several-same" if same else "tie-several-different")
+    return tags
+
+
+def _tietensor_values(draw: Any, chosen: dict[str, Any], names: dict[str, Tensor]) -> None:
+    """For each tie group with several given aliases, maybe give them all the first alias's value object."""
+    groups: dict[int, list[str]] = {}
+    for name, t in names.items():
+        groups.setdefault(id(t), []).append(name)
+    for members in groups.values():
+        given = [n for n in members if n in chosen]
+        if len(given) >= 2 and not draw(st.booleans()):
+            for n in given[1:]:
+                chosen[n] = chosen[given[0]]
+
+
+def _unknown(draw: Any, module: nn.Module, gen: torch.Generator, chosen: dict[str, Any], tags: set[str]) -> None:
+    if _chance(draw, 25):
+        path = draw(st.sampled_from([p for p, _ in module.named_modules()]))
+        value = tensor_values((FEATURES,), "float32", gen)
+        if _chance(draw, 30):
+            value = nn.Parameter(value)
+            tags.add("unknown-leaf-parameter")
+        chosen[join(path, "extra")] = value
+        tags.add("unknown-leaf")
+    if _chance(draw, 15):
+        chosen["nosuch.weight"] = tensor_values((FEATURES,), "float32", gen)
+        tags.add("unknown-submodule")
+
+
+def _shape(draw: Any, chosen: dict[str, Any], form: str) -> tuple[Any, str]:
+    """Arrange ``chosen`` into the drawn form (falls back to ``tuple-single`` for an overlap without names)."""
+    if form == "dict":
+        return chosen, form
+    if form == "tuple-disjoint":
+        first = {k: v for k, v in chosen.items() if draw(st.booleans())}
+        return (first, {k: v for k, v in chosen.items() if k not in first}), form
+    if form == "tuple-overlap" and chosen:
+        key = draw(st.sampled_from(sorted(chosen)))
+        return (dict(chosen), {key: chosen[key]}), form
+    return (chosen,), "tuple-single"
+
+
+def _invalidate(draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator) -> tuple[Any, str]:
+    kind = draw(st.sampled_from(INVALID_KINDS))
+    if kind == "non-mapping":
+        return 7, kind
+    if kind == "non-dict-element":
+        return (chosen, [("weight", 1.0)]), kind
+    bad = dict(chosen)
+    if kind == "non-tensor-value":
+        names = sorted(valid_names(module)) or ["extra"]
+        bad[draw(st.sampled_from(names))] = 0.5
+    else:
+        subs = [p for p, _ in module.named_modules() if p]
+        bad[f"{draw(st.sampled_from(subs))}." if subs else "."] = tensor_values((FEATURES,), "float32", gen)
+    return (bad if isinstance(tensors, dict) else (bad,)), kind
+
+
+@st.composite
+def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool) -> CallInput:
+    names = valid_names(module)
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    tags: set[str] = set()
+    everything = bool(names) and _chance(draw, 30)
+    picked = [n for n in names if everything or draw(st.booleans())]
+    tags.add("all-names" if names and len(picked) == len(names) else ("no-names" if not picked else "some-names"))
+    chosen: dict[str, Any] = {n: _value(draw, names[n], gen, tags) for n in picked}
+    _tietensor_values(draw, chosen, names)
+    tags |= _alias_tags(chosen, names)
+    owners = _module_paths(module)
+    if any(len(owners[id(module.get_submodule(n.rpartition(".")[0]))]) > 1 for n in chosen):
+        tags.add("shared-path")
+    if unknown_names:
+        _unknown(draw, module, gen, chosen, tags)
+    tensors, form = _shape(draw, chosen, draw(st.sampled_from(FORMS)))
+    bad = None
+    if invalid and _chance(draw, 40):
+        tensors, bad = _invalidate(draw, module, tensors, chosen, gen)
+        tags.add(f"invalid: {bad}")
+    tie_weights = not _chance(draw, 30)
+    strict = _chance(draw, 30)
+    kwargs: dict[str, Any] = {}
+    if _chance(draw, 15):
+        kwargs["fail"] = True
+    if _chance(draw, 20):
+        kwargs["report"] = []
+    args = draw(forward_inputs())
+    tags |= {f"form={form}"} | {f"kwarg: {k}" for k in kwargs}
+    tags |= {t for t, on in (("strict", strict), ("tie_weights=False", not tie_weights)) if on}
+    for tag in sorted(tags):
+        event(f"call: {tag}")
+    return CallInput(tensors, args, kwargs, tie_weights, strict, form, bad, frozenset(tags))
+
+
+def call_inputs(module: nn.Module, *, unknown_names: bool = True, invalid: bool = False) -> st.SearchStrategy[CallInput]:
+    """Draw a :class:`CallInput` for ``functional_call(module, ...)``.
+
+    Names: any subset of the valid names (``named_parameters``/``named_buffers`` with ``remove_duplicate=False``,
+    so both paths of a shared submodule and every alias of a tie), sometimes all of them. Values per name:
+    a fresh tensor (same shape/dtype/device, other values, ``requires_grad`` as the original), the module's own
+    tensor, ``None``, or a fresh tensor of another floating dtype. When several aliases of one tie group are
+    given they are either one object or independent values. Fresh values come from a drawn seed and a local
+    ``torch.Generator``.
+
+    * ``unknown_names``: sometimes add ``'<path>.extra'`` (an unknown leaf on an existing module; a tensor or a
+      ``Parameter``) and ``'nosuch.weight'`` (an unknown submodule).
+    * ``invalid``: sometimes replace the input by a bad one: a non-tensor value, an empty leaf name
+      (``'<path>.'``), a non-mapping ``tensors`` (``7``) or a tuple with a non-dict element.
+
+    ``args`` is ``(x,)`` from :func:`forward_inputs`; ``kwargs`` may hold ``fail=True`` and ``report=[]``;
+    ``tie_weights`` shrinks to True and ``strict`` to False (torch's defaults).
+    """
+    return _call_inputs(module, unknown_names, invalid)

@@ -1,0 +1,159 @@
+"""Conversion functions for ``nn.Module._apply(fn)``, modelled on the real ``nn.Module`` methods.
+
+Each :class:`Conversion` is defined by its ``repro`` expression: ``make_fn()`` evaluates that very string (in a
+namespace with ``torch``, ``TwoTensor``, ``xla_device`` and ``raise_on``), so the repro and the behaviour cannot
+drift apart, and every call gives a fresh function. Rules mirrored from ``torch/nn/modules/module.py``:
+
+* ``half()/float()/double()/bfloat16()`` change floating-point tensors only (int, bool, complex returned as is).
+* ``to(dtype)`` is ``t.to(None, dtype if t.is_floating_point() or t.is_complex() else None, False)``: floating AND
+  complex tensors change; with a real target a complex tensor loses its imaginary part (torch warns), with a
+  complex target a floating tensor becomes complex.
+* ``to(memory_format=torch.channels_last)`` applies to 4-D and 5-D tensors; 5-D ones make torch (and so this fn)
+  raise ``RuntimeError: required rank 4 tensor``. The drawn trees have no 5-D tensors.
+* ``to_empty(device=d)`` is ``torch.empty_like(t, device=d)``; ``share_memory()`` is ``t.share_memory_()`` and
+  ``cpu()`` on a CPU tensor return their argument.
+* ``to_sparse()`` is ``t.to_sparse()`` (sparse COO; works for every dtype and shape the trees draw, 0-d included).
+* ``TwoTensor`` wraps floating tensors as ``TwoTensor(t, t.clone())`` (a traceable wrapper subclass, so
+  ``_apply`` takes the swap path whatever the flags; ``_has_compatible_shallow_copy_type`` says True for it).
+* ``add(1)`` is ``t + 1`` (not idempotent; bool becomes int64). ``raise_on(k=K)`` returns its argument and raises
+  :class:`ConversionError` on the K-th call (1-based) of that fresh fn.
+
+``changes_impl`` is relative to a CPU dense source: True for meta, sparse and XLA results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+from torch import Tensor
+
+from strategies.devices import detected_devices, xla_device
+
+REPRO_IMPORTS = (
+    "import torch\n"
+    "from torch.testing._internal.two_tensor import TwoTensor  # noqa: F401\n"
+    "from strategies.conversions import raise_on  # noqa: F401\n"
+    "from strategies.devices import xla_device  # noqa: F401\n"
+)
+
+
+class ConversionError(RuntimeError):
+    """Raised by a ``raise_on(k)`` conversion on its k-th call."""
+
+
+def raise_on(k: int) -> Callable[[Tensor], Tensor]:
+    """A fresh identity fn that raises :class:`ConversionError` on its ``k``-th call (1-based)."""
+    calls = 0
+
+    def fn(t: Tensor) -> Tensor:
+        nonlocal calls
+        calls += 1
+        if calls == k:
+            raise ConversionError(f"raise_on({k}): call {calls}")
+        return t
+
+    return fn
+
+
+def _namespace() -> dict[str, Any]:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return {"torch": torch, "TwoTensor": TwoTensor, "xla_device": xla_device, "raise_on": raise_on}
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A named conversion fn for ``_apply``; see the module docstring for the rules."""
+
+    name: str
+    repro: str
+    preserves_values: bool = True
+    changes_impl: bool = False
+    raises_on: int | None = None
+    device: str = field(default="cpu", compare=False)
+    lazy_safe: bool = field(default=False, compare=False)
+
+    def make_fn(self) -> Callable[[Tensor], Tensor]:
+        """A fresh fn (its own call counter for ``raise_on``), evaluated from ``repro``."""
+        return eval(self.repro, _namespace())
+
+    def source(self, var: str = "fn") -> str:
+        """Python lines that define the fn as ``var``."""
+        return f"{REPRO_IMPORTS}{var} = {self.repro}\n"
+
+    @property
+    def tag(self) -> str:
+        """The name without the ``k`` of ``raise_on`` (used for events and reach tables)."""
+        return "raise_on" if self.raises_on is not None else self.name
+
+
+def _floating(method: str) -> Conversion:
+    return Conversion(f"{method}()", f"lambda t: t.{method}() if t.is_floating_point() else t", lazy_safe=method != "bfloat16")
+
+
+def _to(target: str | None, dtype: str | None, name: str, **kw: Any) -> Conversion:
+    dev = "None" if target is None else ("xla_device()" if target == "xla" else repr(target))
+    dt = "None" if dtype is None else f"{dtype} if t.is_floating_point() or t.is_complex() else None"
+    return Conversion(name, f"lambda t: t.to({dev}, {dt}, False)", **kw)
+
+
+CONVERSIONS: tuple[Conversion, ...] = (
+    _floating("float"),
+    _floating("half"),
+    _floating("double"),
+    _floating("bfloat16"),
+    _to(None, "torch.float64", "to(torch.float64)", lazy_safe=True),
+    _to(None, "torch.complex64", "to(torch.complex64)", lazy_safe=True),
+    Conversion("cpu()", "lambda t: t.cpu()", lazy_safe=True),
+    Conversion("share_memory()", "lambda t: t.share_memory_()"),
+    Conversion(
+        "to(memory_format=torch.channels_last)",
+        "lambda t: t.to(None, None, False, memory_format=torch.channels_last) if t.dim() in (4, 5) else t.to(None, None, False)",
+    ),
+    Conversion("add(1)", "lambda t: t + 1", preserves_values=False),
+    Conversion("to_empty(device='cpu')", "lambda t: torch.empty_like(t, device='cpu')", preserves_values=False),
+    _to("meta", None, "to('meta')", preserves_values=False, changes_impl=True, device="meta"),
+    Conversion("to_empty(device='meta')", "lambda t: torch.empty_like(t, device='meta')", preserves_values=False, changes_impl=True, device="meta"),
+    Conversion("to_sparse()", "lambda t: t.to_sparse()", changes_impl=True),
+    Conversion("TwoTensor", "lambda t: TwoTensor(t, t.clone()) if t.is_floating_point() else t"),
+    Conversion("cuda()", "lambda t: t.cuda()", device="cuda", lazy_safe=True),
+    _to("cuda", "torch.float16", "to('cuda', torch.float16)", device="cuda", lazy_safe=True),
+    _to("xla", None, "to('xla')", changes_impl=True, device="xla"),
+    _to("xla", "torch.bfloat16", "to('xla', torch.bfloat16)", changes_impl=True, device="xla"),
+)
+
+
+def raising_conversion(k: int) -> Conversion:
+    """``raise_on(k=k)``: identity that raises :class:`ConversionError` on its k-th call."""
+    return Conversion(f"raise_on(k={k})", f"raise_on({k})", raises_on=k, lazy_safe=True)
+
+
+def conversions(
+    devices: Sequence[str] | None = None, *, raising: bool = True, lazy_safe: bool = False
+) -> st.SearchStrategy[Conversion]:
+    """Draw a :class:`Conversion`.
+
+    * ``devices``: device kinds whose conversions may be drawn (default :func:`~strategies.devices.detected_devices`:
+      cpu and meta, plus cuda / xla when present). CPU conversions are always included.
+    * ``raising``: also draw ``raise_on(k=K)`` with K in 1..6 (after the plain ones, so failures shrink away from it).
+    * ``lazy_safe``: only conversions that work on ``UninitializedParameter`` and keep it uninitialized
+      (``half/float/double``, ``to(float64/complex64)``, ``cpu()``, cuda moves, ``raise_on``).
+
+    Shrinks towards ``float()``. Reports ``hypothesis.event('conversion: <tag>')``.
+    """
+    allowed = {"cpu", *(detected_devices() if devices is None else devices)}
+    plain = [c for c in CONVERSIONS if c.device in allowed and (c.lazy_safe or not lazy_safe)]
+    strategy: st.SearchStrategy[Conversion] = st.sampled_from(plain)
+    if raising:
+        strategy = st.one_of(strategy, st.integers(1, 6).map(raising_conversion))
+    return strategy.map(_report)
+
+
+def _report(conversion: Conversion) -> Conversion:
+    event(f"conversion: {conversion.tag}")
+    return conversion

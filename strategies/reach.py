@@ -1,0 +1,86 @@
+"""Measure the reach of the strategies: how often each feature tag shows up in a fixed-seed sample.
+
+``python -m strategies.reach [N]`` prints Markdown tables (feature, frequency) for N trees (default 1000),
+N conversions and N call inputs, and the time taken to draw and build the N trees.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from strategies.calls import call_inputs
+from strategies.conversions import conversions
+from strategies.tree_draws import module_trees
+from strategies.trees import tree_info
+
+
+def sample(strategy: st.SearchStrategy[Any], n: int, features: Callable[[Any], Iterable[str]]) -> list[frozenset[str]]:
+    """Feature sets of ``n`` examples drawn deterministically (derandomized, generate phase only, no database)."""
+    seen: list[frozenset[str]] = []
+
+    @settings(
+        database=None, derandomize=True, max_examples=n, deadline=None,
+        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(example: Any) -> None:
+        seen.append(frozenset(features(example)))
+
+    collect()
+    return seen
+
+
+def frequencies(seen: list[frozenset[str]]) -> dict[str, float]:
+    """Fraction of examples that have each feature, sorted by feature name."""
+    counts = Counter(tag for tags in seen for tag in tags)
+    return {tag: counts[tag] / len(seen) for tag in sorted(counts)}
+
+
+def tree_reach(n: int) -> list[frozenset[str]]:
+    """Feature sets of ``n`` drawn trees."""
+    return sample(module_trees(), n, lambda m: tree_info(m).features)
+
+
+def conversion_reach(n: int) -> list[frozenset[str]]:
+    """``{conversion.tag}`` of ``n`` drawn conversions (default devices)."""
+    return sample(conversions(), n, lambda c: {c.tag})
+
+
+def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
+    """Feature sets of ``n`` call inputs, each for a freshly drawn tree."""
+    pairs = module_trees().flatmap(lambda m: call_inputs(m, invalid=invalid))
+    return sample(pairs, n, lambda c: c.features)
+
+
+def table(title: str, freqs: dict[str, float]) -> str:
+    """A Markdown table of the frequencies."""
+    lines = [f"| {title} | frequency |", "| --- | ---: |"]
+    lines += [f"| `{tag}` | {f:.1%} |" for tag, f in freqs.items()]
+    return "\n".join(lines)
+
+
+def timed_trees(n: int) -> tuple[list[frozenset[str]], float]:
+    """Draw and build ``n`` trees; return their features and the seconds taken."""
+    start = time.perf_counter()
+    seen = tree_reach(n)
+    return seen, time.perf_counter() - start
+
+
+def main(argv: list[str]) -> None:
+    n = int(argv[0]) if argv else 1000
+    trees, seconds = timed_trees(n)
+    print(f"Drawing and building {n} trees took {seconds:.2f} s.\n")
+    print(table(f"tree feature ({n} trees)", frequencies(trees)), "\n")
+    print(table(f"conversion ({n} draws)", frequencies(conversion_reach(n))), "\n")
+    print(table(f"call feature ({n} draws, invalid=True)", frequencies(call_reach(n))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,274 @@
+"""Hypothesis strategies that draw :class:`~strategies.trees.TreeSpec` s and module trees.
+
+Shrinking: every choice is ordered so that the simplest option comes first (a leaf before a container,
+``generic`` before real layers, float32 before other dtypes, shape ``(4,)`` first, no ties, no sharing, train
+mode, every flag off). The minimal tree is ``TreeSpec(root=LeafSpec(tensors=(TensorSpec(name='p0'),)))`` once
+a failure needs a parameter (``LeafSpec()`` with no tensors otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+from torch import nn
+
+from strategies.trees import (
+    CONTAINER_KINDS,
+    ContainerSpec,
+    LeafSpec,
+    ShareSpec,
+    Slot,
+    TensorSpec,
+    TieSpec,
+    TreeSpec,
+    build_tree,
+    child_name,
+    join,
+    tree_info,
+    tree_slots,
+    walk,
+)
+
+SHAPES: tuple[tuple[int, ...], ...] = ((4,), (), (3,), (2, 3), (1,), (2, 3, 2, 2))
+PARAM_DTYPES = ("float32", "float16", "float64", "bfloat16", "complex64")
+BUFFER_DTYPES = (*PARAM_DTYPES, "int64", "bool")
+BEHAVIOURS = ("inplace", "rebind", "raise", "report")
+REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding")
+
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+
+@dataclass(frozen=True)
+class _Options:
+    max_depth: int
+    max_leaves: int
+    sharing: bool
+    ties: bool
+    real_kinds: tuple[str, ...]
+    real_dtypes: tuple[str, ...]
+    grads: bool
+    param_dtypes: tuple[str, ...]
+    buffer_dtypes: tuple[str, ...]
+
+
+def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes) -> _Options:
+    if max_depth < 0 or max_leaves < 1:
+        raise ValueError(f"need max_depth >= 0 and max_leaves >= 1, got {max_depth}, {max_leaves}")
+    names = BUFFER_DTYPES if dtypes is None else tuple(_name(d) for d in dtypes)
+    names = tuple(sorted(names, key=BUFFER_DTYPES.index))  # float32 first where allowed
+    param = tuple(d for d in names if d in PARAM_DTYPES)
+    real_dtypes = tuple(d for d in ("float32", "float64") if d in names)
+    kinds = REAL_LEAVES if real_layers and real_dtypes else ()
+    if lazy and real_layers and "float32" in names:
+        kinds = (*kinds, "LazyLinear")
+    return _Options(max_depth, max_leaves, sharing, ties, kinds, real_dtypes, grads, param, names)
+
+
+def _name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in BUFFER_DTYPES:
+        raise ValueError(f"dtype {dtype} not supported; choose from {BUFFER_DTYPES}")
+    return name
+
+
+def _chance(draw: Draw, percent: int) -> bool:
+    """A biased coin that is True about ``percent``% of the time and shrinks to False."""
+    return draw(st.integers(0, 99)) >= 100 - percent
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def _tensor(draw: Draw, o: _Options, name: str, buffer: bool) -> TensorSpec:
+    shape = draw(st.sampled_from(SHAPES))
+    dtype = draw(st.sampled_from(o.buffer_dtypes if buffer else o.param_dtypes))
+    if _chance(draw, 10):
+        return TensorSpec(name, shape, dtype, buffer=buffer, none=True)
+    if buffer:
+        return TensorSpec(name, shape, dtype, buffer=True, persistent=not _chance(draw, 25))
+    return TensorSpec(
+        name, shape, dtype,
+        frozen=_chance(draw, 15), grad=o.grads and _chance(draw, 20), tagged=_chance(draw, 12),
+    )
+
+
+def _generic(draw: Draw, o: _Options) -> LeafSpec:
+    n_params = draw(st.integers(0, 4)) if o.param_dtypes else 0
+    n_buffers = draw(st.integers(0, 4))
+    tensors = [_tensor(draw, o, f"p{i}", False) for i in range(n_params)]
+    tensors += [_tensor(draw, o, f"b{i}", True) for i in range(n_buffers)]
+    behaviours = tuple(b for b in BEHAVIOURS if _chance(draw, 12))
+    return LeafSpec(tensors=tuple(tensors), behaviours=behaviours)
+
+
+def _real(draw: Draw, o: _Options) -> LeafSpec:
+    kind = draw(st.sampled_from(o.real_kinds))
+    if kind == "LazyLinear":
+        return LeafSpec(kind, initialized=draw(st.booleans()))
+    return LeafSpec(
+        kind,
+        dtype=draw(st.sampled_from(o.real_dtypes)),
+        bias=not _chance(draw, 20),
+        frozen=_chance(draw, 15),
+        grad=o.grads and _chance(draw, 20),
+        tagged=_chance(draw, 12),
+    )
+
+
+def _node(draw: Draw, o: _Options, depth: int, budget: list[int]) -> LeafSpec | ContainerSpec:
+    """A leaf, or (while ``depth < max_depth``, with chance 60% - 12% per level) a container of 1-3 children.
+
+    ``budget`` counts the leaves still allowed; a container stops adding children when it reaches 0.
+    """
+    if depth < o.max_depth and _chance(draw, 60 - 12 * depth):
+        kind = draw(st.sampled_from(CONTAINER_KINDS))
+        children = []
+        for _ in range(draw(st.integers(1, 3))):
+            if budget[0] == 0:
+                break
+            children.append(_node(draw, o, depth + 1, budget))
+        return ContainerSpec(kind, tuple(children))
+    budget[0] -= 1
+    if o.real_kinds and _chance(draw, 50):
+        return _real(draw, o)
+    return _generic(draw, o)
+
+
+# ---------------------------------------------------------------- ties and shares
+
+
+def _compatible(src: Slot, dst: Slot) -> bool:
+    """Same kind (parameter/buffer); a rigid slot (real layer, steps/count) also needs the same shape and dtype."""
+    return dst.buffer == src.buffer and (dst.flexible or (dst.shape, dst.dtype) == (src.shape, src.dtype))
+
+
+def _ties(draw: Draw, root: LeafSpec | ContainerSpec) -> tuple[TieSpec, ...]:
+    """Up to two tie groups, each a source slot plus 1-3 compatible slots anywhere in the tree."""
+    slots = tree_slots(root)
+    if len(slots) < 2 or not _chance(draw, 55):
+        return ()
+    used: set[tuple[str, str]] = set()
+    groups = []
+    for _ in range(draw(st.integers(1, 2))):
+        free = [s for s in slots if (s.path, s.name) not in used]
+        if len(free) < 2:
+            break
+        src = draw(st.sampled_from(free))
+        cands = [s for s in free if s != src and _compatible(src, s)]
+        if not cands:
+            continue
+        picks = draw(st.lists(st.sampled_from(range(len(cands))), min_size=1, max_size=min(3, len(cands)), unique=True))
+        group = [(src.path, src.name)] + [(cands[i].path, cands[i].name) for i in picks]
+        used.update(group)
+        groups.append(TieSpec(tuple(group)))
+    return tuple(groups)
+
+
+def _reaches(edges: dict[str, list[str]], start: str, goal: str) -> bool:
+    stack, seen = [start], set()
+    while stack:
+        path = stack.pop()
+        if path == goal:
+            return True
+        if path not in seen:
+            seen.add(path)
+            stack.extend(edges.get(path, ()))
+    return False
+
+
+def _shares(draw: Draw, root: LeafSpec | ContainerSpec) -> tuple[ShareSpec, ...]:
+    """Up to two shares: a non-root module registered again under a container it does not contain."""
+    nodes = list(walk(root))
+    sources = [p for p, _, _ in nodes if p]
+    if not sources or not _chance(draw, 45):
+        return ()
+    kinds = {p: n.kind for p, _, n in nodes if isinstance(n, ContainerSpec)}
+    edges = {p: [join(p, child_name(n.kind, i)) for i in range(len(n.children))] for p, _, n in nodes if isinstance(n, ContainerSpec)}
+    extra: dict[str, int] = {}
+    out = []
+    for _ in range(draw(st.integers(1, 2))):
+        src = draw(st.sampled_from(sources))
+        parents = [p for p in edges if not _reaches(edges, src, p)]
+        parent = draw(st.sampled_from(parents))  # the root is always allowed
+        k = extra.get(parent, 0)
+        name = str(len(edges[parent])) if kinds[parent] in ("Sequential", "ModuleList") else f"shared{k}"
+        extra[parent] = k + 1
+        edges[parent].append(src)
+        out.append(ShareSpec(src, parent, name))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- public strategies
+
+
+@st.composite
+def tree_specs(
+    draw: Draw,
+    *,
+    max_depth: int = 4,
+    max_leaves: int = 6,
+    sharing: bool = True,
+    ties: bool = True,
+    real_layers: bool = True,
+    lazy: bool = True,
+    grads: bool = True,
+    dtypes: Sequence[torch.dtype] | None = None,
+) -> TreeSpec:
+    """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
+    o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes)
+    root = _node(draw, o, 0, [o.max_leaves])
+    tie_specs = _ties(draw, root) if o.ties else ()
+    share_specs = _shares(draw, root) if o.sharing else ()
+    training = not _chance(draw, 25)
+    seed = draw(st.integers(0, 2**32 - 1))
+    return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training)
+
+
+def module_trees(
+    *,
+    max_depth: int = 4,
+    max_leaves: int = 6,
+    sharing: bool = True,
+    ties: bool = True,
+    real_layers: bool = True,
+    lazy: bool = True,
+    grads: bool = True,
+    dtypes: Sequence[torch.dtype] | None = None,
+) -> st.SearchStrategy[nn.Module]:
+    """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
+
+    Every module maps a float tensor ``(BATCH, FEATURES)`` to one of the same shape/dtype, takes ``**kwargs``
+    (``fail=True``, ``report=[...]``) and is deterministic; its output depends on every registered tensor.
+
+    Options:
+
+    * ``max_depth``: deepest leaf (0: the root is a leaf). ``max_leaves``: leaves in the drawn tree (>= 1).
+    * ``sharing``: allow the same submodule object under a second path (``ShareSpec``).
+    * ``ties``: allow tie groups (one tensor object in 2-4 slots, parameters or buffers).
+    * ``real_layers``: allow Linear/Conv1d/Conv2d/BatchNorm1d/LayerNorm/Embedding leaves; ``lazy``: LazyLinear
+      (uninitialized or initialized at build time; float32 only).
+    * ``grads``: allow parameters that carry a ``.grad``.
+    * ``dtypes``: dtypes allowed for tensors (default float32/16/64, bfloat16, complex64 and, for buffers,
+      int64 and bool). Parameters only use the floating/complex ones; real layers float32/float64.
+      BatchNorm's ``num_batches_tracked`` is int64 regardless.
+
+    Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
+    ``tree_info(module).features``.
+    """
+    strategy = tree_specs(
+        max_depth=max_depth, max_leaves=max_leaves, sharing=sharing, ties=ties,
+        real_layers=real_layers, lazy=lazy, grads=grads, dtypes=dtypes,
+    )
+    return strategy.map(_build_and_report)
+
+
+def _build_and_report(spec: TreeSpec) -> nn.Module:
+    module = build_tree(spec)
+    for tag in sorted(tree_info(module).features):
+        event(f"tree: {tag}")
+    return module

@@ -1,0 +1,462 @@
+"""Pure-data tree specs, the builder that turns a spec into an ``nn.Module``, and the per-module registry.
+
+A :class:`TreeSpec` is made of frozen dataclasses and tuples only; ``repr(spec)`` is valid Python once the spec
+classes are imported (fields equal to their default are left out). ``build_tree(spec)`` is a pure function of
+the spec: the same spec gives byte-identical tensors, and building never reads or advances torch's global RNG.
+
+Paths: the root is ``''``; a child's path is ``parent + '.' + name`` (just ``name`` under the root), i.e. the
+names ``named_modules()`` reports for the tree as drawn, before any sharing is added. Child names are
+``'0', '1', ...`` in ``Sequential``/``ModuleList``, ``'k0', 'k1', ...`` in ``ModuleDict`` and
+``'first', 'second', 'third'`` in the custom :class:`~strategies.modules.Block`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from strategies import modules as M
+
+CONTAINER_KINDS = ("Sequential", "ModuleList", "ModuleDict", "Block")
+REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "LazyLinear")
+BLOCK_NAMES = ("first", "second", "third")
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "complex64": torch.complex64,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+
+
+class _Spec:
+    """Mixin: a dataclass repr that leaves out fields equal to their default (still eval-able)."""
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.default is not dataclasses.MISSING and value == f.default:
+                continue
+            parts.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+@dataclass(frozen=True, repr=False)
+class TensorSpec(_Spec):
+    """One slot of a generic leaf: a parameter (``buffer=False``) or a buffer.
+
+    ``none``: registered as ``None``. Parameters: ``frozen`` means ``requires_grad=False``, ``grad`` attaches a
+    ``.grad`` of the same shape/dtype, ``tagged`` makes it a :class:`~strategies.modules.TaggedParameter`.
+    Buffers: ``persistent=False`` keeps it out of ``state_dict()``.
+    """
+
+    name: str
+    shape: tuple[int, ...] = (4,)
+    dtype: str = "float32"
+    buffer: bool = False
+    none: bool = False
+    frozen: bool = False
+    grad: bool = False
+    tagged: bool = False
+    persistent: bool = True
+
+
+@dataclass(frozen=True, repr=False)
+class LeafSpec(_Spec):
+    """A leaf module. ``kind`` is ``'generic'`` or one of :data:`REAL_KINDS`.
+
+    Generic leaves use ``tensors`` and ``behaviours`` (see :class:`~strategies.modules.GenericLeaf`).
+    Real layers use ``dtype``, ``bias`` (False: bias registered as None; BatchNorm: ``affine=False``),
+    and ``frozen``/``grad``/``tagged`` which apply to the ``weight`` only. ``LazyLinear`` uses ``initialized``
+    (True: one forward at build time materializes it into a ``SwLinear``).
+    """
+
+    kind: str = "generic"
+    tensors: tuple[TensorSpec, ...] = ()
+    behaviours: tuple[str, ...] = ()
+    dtype: str = "float32"
+    bias: bool = True
+    frozen: bool = False
+    grad: bool = False
+    tagged: bool = False
+    initialized: bool = False
+
+
+@dataclass(frozen=True, repr=False)
+class ContainerSpec(_Spec):
+    """A container (one of :data:`CONTAINER_KINDS`) and its children, in order."""
+
+    kind: str = "Sequential"
+    children: tuple[LeafSpec | ContainerSpec, ...] = ()
+
+
+@dataclass(frozen=True, repr=False)
+class TieSpec(_Spec):
+    """One tie group: ``slots[0]`` is the source ``(module path, name)``; every other slot gets its object."""
+
+    slots: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, repr=False)
+class ShareSpec(_Spec):
+    """Register the module at path ``source`` again as child ``name`` of the container at path ``parent``."""
+
+    source: str = ""
+    parent: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, repr=False)
+class TreeSpec(_Spec):
+    """A whole tree: the nominal tree, then ties, then shares (applied in that order), then ``train(training)``."""
+
+    seed: int = 0
+    root: LeafSpec | ContainerSpec = LeafSpec()
+    ties: tuple[TieSpec, ...] = ()
+    shares: tuple[ShareSpec, ...] = ()
+    training: bool = True
+
+
+SPEC_CLASSES = ("TreeSpec", "LeafSpec", "ContainerSpec", "TensorSpec", "TieSpec", "ShareSpec")
+
+
+# ---------------------------------------------------------------- spec helpers
+
+
+class Slot(NamedTuple):
+    """A registered, non-None tensor slot as the spec predicts it."""
+
+    path: str
+    name: str
+    buffer: bool
+    shape: tuple[int, ...]
+    dtype: str
+    flexible: bool  # a generic p*/b* slot: its forward accepts any shape and dtype
+
+
+def join(path: str, name: str) -> str:
+    """Child path of ``name`` under ``path``."""
+    return f"{path}.{name}" if path else name
+
+
+def child_name(kind: str, index: int) -> str:
+    """Name of the ``index``-th child of a container of ``kind``."""
+    if kind == "ModuleDict":
+        return f"k{index}"
+    if kind == "Block":
+        return BLOCK_NAMES[index]
+    return str(index)
+
+
+def walk(node: LeafSpec | ContainerSpec, path: str = "", depth: int = 0) -> Iterator[tuple[str, int, Any]]:
+    """Yield ``(path, depth, node)`` for every node of the nominal tree, parents first."""
+    yield path, depth, node
+    if isinstance(node, ContainerSpec):
+        for i, child in enumerate(node.children):
+            yield from walk(child, join(path, child_name(node.kind, i)), depth + 1)
+
+
+def real_slots(leaf: LeafSpec) -> list[tuple[str, bool, tuple[int, ...], str]]:
+    """``(name, is_buffer, shape, dtype)`` of a real layer's non-None tensors (LazyLinear: none)."""
+    d = leaf.dtype
+    weight_bias = {
+        "Linear": ((4, 4), (4,)),
+        "Conv1d": ((1, 1, 3), (1,)),
+        "Conv2d": ((2, 2, 1, 3), (2,)),
+        "BatchNorm1d": ((4,), (4,)),
+        "LayerNorm": ((4,), (4,)),
+        "Embedding": ((M.EMBEDDINGS, M.FEATURES), None),
+    }.get(leaf.kind)
+    if weight_bias is None:
+        return []
+    w, b = weight_bias
+    out = []
+    if not (leaf.kind == "BatchNorm1d" and not leaf.bias):
+        out.append(("weight", False, w, d))
+    if b is not None and leaf.bias:
+        out.append(("bias", False, b, d))
+    if leaf.kind == "BatchNorm1d":
+        out += [("running_mean", True, (4,), d), ("running_var", True, (4,), d), ("num_batches_tracked", True, (), "int64")]
+    return out
+
+
+def leaf_slots(path: str, leaf: LeafSpec) -> list[Slot]:
+    """All non-None tensor slots of one leaf."""
+    if leaf.kind != "generic":
+        return [Slot(path, n, b, s, d, False) for n, b, s, d in real_slots(leaf)]
+    out = [Slot(path, t.name, t.buffer, t.shape, t.dtype, True) for t in leaf.tensors if not t.none]
+    if "inplace" in leaf.behaviours:
+        out.append(Slot(path, "steps", True, (1,), "float32", False))
+    if "rebind" in leaf.behaviours:
+        out.append(Slot(path, "count", True, (), "int64", False))
+    return out
+
+
+def tree_slots(root: LeafSpec | ContainerSpec) -> list[Slot]:
+    """All slots of the nominal tree, in build order."""
+    return [s for path, _, node in walk(root) if isinstance(node, LeafSpec) for s in leaf_slots(path, node)]
+
+
+# ---------------------------------------------------------------- building
+
+
+def tensor_values(shape: tuple[int, ...], dtype: str, gen: torch.Generator) -> Tensor:
+    """Deterministic values in [-1, 1) (bool: coin flips, int64: -3..3, complex: both parts)."""
+    if dtype == "bool":
+        return torch.rand(shape, generator=gen) > 0.5
+    if dtype == "int64":
+        return torch.randint(-3, 4, shape, generator=gen)
+    if dtype == "complex64":
+        re, im = (torch.rand(shape, generator=gen) * 2 - 1 for _ in range(2))
+        return torch.complex(re, im)
+    return (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1).to(DTYPES[dtype])
+
+
+def _make_param(data: Tensor, *, frozen: bool, grad: bool, tagged: bool, tag: str, gen: torch.Generator) -> nn.Parameter:
+    p = M.TaggedParameter(data, not frozen, tag) if tagged else nn.Parameter(data, requires_grad=not frozen)
+    if grad:
+        p.grad = tensor_values(tuple(data.shape), _dtype_name(data.dtype), gen)
+    return p
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(k for k, v in DTYPES.items() if v == dtype)
+
+
+def _build_generic(spec: LeafSpec, path: str, gen: torch.Generator) -> nn.Module:
+    leaf = M.GenericLeaf(spec.behaviours)
+    for t in spec.tensors:
+        if t.none:
+            (leaf.register_buffer if t.buffer else leaf.register_parameter)(t.name, None)
+            continue
+        data = tensor_values(t.shape, t.dtype, gen)
+        if t.buffer:
+            leaf.register_buffer(t.name, data, persistent=t.persistent)
+        else:
+            tag = f"tag:{join(path, t.name)}"
+            leaf.register_parameter(t.name, _make_param(data, frozen=t.frozen, grad=t.grad, tagged=t.tagged, tag=tag, gen=gen))
+    if "inplace" in spec.behaviours:
+        leaf.register_buffer("steps", torch.zeros(1))
+    if "rebind" in spec.behaviours:
+        leaf.register_buffer("count", torch.zeros((), dtype=torch.int64))
+    return leaf
+
+
+_REAL_CTORS: dict[str, Any] = {
+    "Linear": lambda bias, **kw: M.SwLinear(4, 4, bias=bias, **kw),
+    "Conv1d": lambda bias, **kw: M.SwConv1d(1, 1, 3, padding=1, bias=bias, **kw),
+    "Conv2d": lambda bias, **kw: M.SwConv2d(2, 2, (1, 3), padding="same", bias=bias, **kw),
+    "BatchNorm1d": lambda bias, **kw: M.SwBatchNorm1d(4, affine=bias, **kw),
+    "LayerNorm": lambda bias, **kw: M.SwLayerNorm(4, bias=bias, **kw),
+    "Embedding": lambda bias, **kw: M.SwEmbedding(M.EMBEDDINGS, M.FEATURES, **kw),
+}
+
+
+def _build_real(spec: LeafSpec, path: str, gen: torch.Generator) -> nn.Module:
+    """Construct on ``meta`` (no RNG use), move to CPU with ``to_empty``, then fill every tensor from ``gen``."""
+    if spec.kind == "LazyLinear":
+        lazy = M.SwLazyLinear(4)
+        lazy.sw_seed = int(torch.randint(0, 2**31 - 1, (), generator=gen))
+        if spec.initialized:
+            lazy(torch.zeros(M.BATCH, M.FEATURES))
+        return lazy
+    layer = _REAL_CTORS[spec.kind](spec.bias, device="meta", dtype=DTYPES[spec.dtype]).to_empty(device="cpu")
+    with torch.no_grad():
+        for name, shape, dtype in ((n, s, d) for n, _, s, d in real_slots(spec)):
+            t = layer.get_parameter(name) if name in layer._parameters else layer.get_buffer(name)
+            v = tensor_values(shape, dtype, gen)
+            if name == "running_var":
+                v = v.abs() + 0.5
+            elif name == "num_batches_tracked":
+                v = v.abs()
+            t.copy_(v)
+    if "weight" in layer._parameters and layer.weight is not None:
+        w = layer.weight
+        layer.weight = _make_param(w.data, frozen=spec.frozen, grad=spec.grad, tagged=spec.tagged, tag=f"tag:{join(path, 'weight')}", gen=gen)
+    return layer
+
+
+_CONTAINERS: dict[str, type[nn.Module]] = {
+    "Sequential": M.SwSequential,
+    "ModuleList": M.SwModuleList,
+    "ModuleDict": M.SwModuleDict,
+    "Block": M.Block,
+}
+
+
+def _build_node(node: LeafSpec | ContainerSpec, path: str, gen: torch.Generator, out: dict[str, nn.Module]) -> nn.Module:
+    if isinstance(node, LeafSpec):
+        module = _build_generic(node, path, gen) if node.kind == "generic" else _build_real(node, path, gen)
+    else:
+        module = _CONTAINERS[node.kind]()
+        for i, child in enumerate(node.children):
+            name = child_name(node.kind, i)
+            module.add_module(name, _build_node(child, join(path, name), gen, out))
+    out[path] = module
+    return module
+
+
+def _slot_dict(module: nn.Module, name: str) -> dict[str, Any]:
+    return module._buffers if name in module._buffers else module._parameters
+
+
+def build_tree(spec: TreeSpec) -> nn.Module:
+    """Build the module tree described by ``spec`` and register its :class:`TreeInfo`.
+
+    Order: nominal tree (values from ``torch.Generator().manual_seed(spec.seed)`` in build order), then each
+    tie puts the source slot's object into the other slots (the slots' own registration, e.g. persistence, is
+    kept), then each share adds an existing module under a second parent, then ``train(spec.training)``.
+    """
+    gen = torch.Generator().manual_seed(spec.seed)
+    by_path: dict[str, nn.Module] = {}
+    root = _build_node(spec.root, "", gen, by_path)
+    for tie in spec.ties:
+        (src_path, src_name), *targets = tie.slots
+        obj = _slot_dict(by_path[src_path], src_name)[src_name]
+        for path, name in targets:
+            _slot_dict(by_path[path], name)[name] = obj
+    for share in spec.shares:
+        by_path[share.parent].add_module(share.name, by_path[share.source])
+    root.train(spec.training)
+    _REGISTRY[root] = TreeInfo(spec=spec, features=spec_features(spec), **_counts(root))
+    return root
+
+
+def _counts(module: nn.Module) -> dict[str, int]:
+    tensors = {id(t) for t in (*module.parameters(), *module.buffers())}
+    return {"n_modules": len(list(module.modules())), "n_tensors": len(tensors)}
+
+
+# ---------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class TreeInfo:
+    """Metadata of a built tree.
+
+    ``features`` are the bare feature tags (``'ties'``, ``'depth=2'``, ...); the strategy reports each as the
+    Hypothesis event ``'tree: ' + tag``. ``n_modules`` counts distinct module objects, ``n_tensors`` distinct
+    parameter/buffer objects (ties and shares counted once).
+    """
+
+    spec: TreeSpec
+    features: frozenset[str]
+    n_modules: int
+    n_tensors: int
+
+    def build(self) -> nn.Module:
+        """A fresh, identical and independent module built from the spec."""
+        return build_tree(self.spec)
+
+    def source(self, var: str = "module") -> str:
+        """Python lines that rebuild the module into variable ``var`` (exec-able from the repo root)."""
+        return (
+            "from strategies import build_tree\n"
+            f"from strategies.trees import {', '.join(SPEC_CLASSES)}  # noqa: F401\n"
+            f"{var} = build_tree({self.spec!r})\n"
+        )
+
+
+_REGISTRY: weakref.WeakKeyDictionary[nn.Module, TreeInfo] = weakref.WeakKeyDictionary()
+
+
+def tree_info(module: nn.Module) -> TreeInfo:
+    """The :class:`TreeInfo` of a module made by :func:`build_tree` (``KeyError`` for any other module)."""
+    try:
+        return _REGISTRY[module]
+    except KeyError:
+        raise KeyError(f"{type(module).__name__} was not built by strategies.build_tree") from None
+
+
+# ---------------------------------------------------------------- features
+
+
+def spec_features(spec: TreeSpec) -> frozenset[str]:
+    """The feature tags of a spec (see the README reach table for the list)."""
+    tags: set[str] = set()
+    depths = {}
+    for path, depth, node in walk(spec.root):
+        depths[path] = depth
+        tags |= _container_tags(node) if isinstance(node, ContainerSpec) else _leaf_tags(node, spec.training)
+    tags.add(f"depth={max(depths.values())}")
+    tags |= _tie_tags(spec.ties, depths, {(s.path, s.name): s.buffer for s in tree_slots(spec.root)})
+    tags |= _share_tags(spec.shares, depths)
+    if not spec.training:
+        tags.add("eval-mode")
+    return frozenset(tags)
+
+
+def _container_tags(node: ContainerSpec) -> set[str]:
+    return {f"container: {'custom' if node.kind == 'Block' else node.kind}"}
+
+
+def _leaf_tags(leaf: LeafSpec, training: bool) -> set[str]:
+    if leaf.kind == "LazyLinear":
+        return {f"leaf: LazyLinear-{'initialized' if leaf.initialized else 'uninitialized'}"}
+    tags = {f"leaf: {leaf.kind}"}
+    if leaf.kind != "generic":
+        tags.add(f"param-dtype: {leaf.dtype}")
+        if any(name == "weight" for name, *_ in real_slots(leaf)):
+            tags |= {t for t, on in (("frozen-parameter", leaf.frozen), ("parameter-grad", leaf.grad), ("parameter-subclass", leaf.tagged)) if on}
+        if not leaf.bias and leaf.kind != "Embedding":
+            tags.add("none-parameter")
+        if leaf.kind == "BatchNorm1d":
+            tags |= {"buffer-dtype: int64", "buffer-0d"} | ({"forward-inplace-buffer"} if training else set())
+        return tags
+    for t in leaf.tensors:
+        tags |= _tensor_tags(t)
+    tags |= {
+        {"inplace": "forward-inplace-buffer", "rebind": "forward-rebind-buffer", "raise": "forward-raises", "report": "forward-reports"}[b]
+        for b in leaf.behaviours
+    }
+    return tags
+
+
+def _tensor_tags(t: TensorSpec) -> set[str]:
+    kind = "buffer" if t.buffer else "parameter"
+    if t.none:
+        return {f"none-{kind}"}
+    tags = {f"{'buffer' if t.buffer else 'param'}-dtype: {t.dtype}"}
+    if len(t.shape) == 0:
+        tags.add(f"{'buffer' if t.buffer else 'param'}-0d")
+    if len(t.shape) == 4:
+        tags.add("tensor-4d")
+    if t.buffer and not t.persistent:
+        tags.add("non-persistent-buffer")
+    if not t.buffer:
+        tags |= {n for n, on in (("frozen-parameter", t.frozen), ("parameter-grad", t.grad), ("parameter-subclass", t.tagged)) if on}
+    return tags
+
+
+def _tie_tags(ties: tuple[TieSpec, ...], depths: dict[str, int], is_buffer: dict[tuple[str, str], bool]) -> set[str]:
+    tags: set[str] = set()
+    for tie in ties:
+        tags |= {"ties", "tied-buffers" if is_buffer[tie.slots[0]] else "tied-parameters"}
+        paths = [p for p, _ in tie.slots]
+        if len(tie.slots) >= 3:
+            tags.add("tie-3plus-aliases")
+        if len({depths[p] for p in paths}) > 1:
+            tags.add("tie-across-depths")
+        if len(set(paths)) < len(paths):
+            tags.add("tie-within-module")
+    return tags
+
+
+def _share_tags(shares: tuple[ShareSpec, ...], depths: dict[str, int]) -> set[str]:
+    tags: set[str] = set()
+    for share in shares:
+        tags.add("shared-submodule")
+        if depths[share.parent] + 1 != depths[share.source]:
+            tags.add("shared-across-depths")
+    if len({s.source for s in shares}) < len(shares):
+        tags.add("shared-3plus-paths")
+    return tags

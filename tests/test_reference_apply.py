@@ -1,0 +1,448 @@
+"""Unit tests for ``reference.apply``: paths, ties, attributes, grads, buffers and atomicity."""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+from torch.testing._internal.two_tensor import TwoTensor
+
+import reference
+from tests.helpers_modules import (
+    FLAG_IDS,
+    FLAG_SETTINGS,
+    Nested,
+    Shared,
+    Tagged,
+    TaggedParameter,
+    Tied,
+    WithNones,
+    assert_unchanged,
+    fill_grads,
+    linear,
+    snapshot,
+)
+
+flag_settings = pytest.mark.parametrize(("overwrite", "swap"), FLAG_SETTINGS, ids=FLAG_IDS)
+
+
+@pytest.fixture(autouse=True)
+def _restore_flags():
+    """Leave the reference's and torch's conversion flags as each test found them."""
+    saved = (
+        reference.get_overwrite_module_params_on_conversion(),
+        reference.get_swap_module_params_on_conversion(),
+        torch.__future__.get_overwrite_module_params_on_conversion(),
+        torch.__future__.get_swap_module_params_on_conversion(),
+    )
+    try:
+        yield
+    finally:
+        reference.set_overwrite_module_params_on_conversion(saved[0])
+        reference.set_swap_module_params_on_conversion(saved[1])
+        torch.__future__.set_overwrite_module_params_on_conversion(saved[2])
+        torch.__future__.set_swap_module_params_on_conversion(saved[3])
+
+
+@pytest.fixture
+def data_setter_calls(monkeypatch):
+    """Record every ``tensor.data = ...`` (on ``Tensor`` and its Python subclasses)."""
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+    base = torch._C.TensorBase.data
+
+    def set_data(self, value):
+        calls.append((self, value))
+        base.__set__(self, value)
+
+    monkeypatch.setattr(torch.Tensor, "data", property(base.__get__, set_data))
+    return calls
+
+
+def double(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.is_floating_point() else t
+
+
+def half(t: torch.Tensor) -> torch.Tensor:
+    return t.half() if t.is_floating_point() else t
+
+
+def path_taken(before: torch.Tensor, cdata: int, after: torch.Tensor) -> str:
+    if after is not before:
+        return "overwrite"
+    return "set_data" if after._cdata == cdata else "swap"
+
+
+EXPECTED_PATH = {
+    (False, False): "set_data",
+    (True, False): "overwrite",
+    (False, True): "swap",
+    (True, True): "swap",
+}
+
+
+# ---------------------------------------------------------------------------
+# Rule 5: the path
+
+
+@flag_settings
+def test_dtype_change_path_follows_flags(overwrite, swap):
+    """Rule 5: a compatible change takes swap (swap flag), set_data (no overwrite) or overwrite."""
+    lin = linear()
+    w, cdata = lin.weight, lin.weight._cdata
+    value = w.detach().clone()
+    reference.apply(lin, double, overwrite=overwrite, swap=swap)
+    assert path_taken(w, cdata, lin.weight) == EXPECTED_PATH[overwrite, swap]
+    assert lin.weight.dtype == torch.float64
+    assert torch.equal(lin.weight.detach(), value.double())
+    assert type(lin.weight) is nn.Parameter
+
+
+@flag_settings
+def test_traceable_wrapper_subclass_result_takes_swap(overwrite, swap):
+    """Rule 5: ``fn(p)`` a traceable wrapper subclass (TwoTensor) means swap, whatever the flags."""
+    lin = linear()
+    w, cdata = lin.weight, lin.weight._cdata
+    reference.apply(lin, lambda t: TwoTensor(t.clone(), t.clone()), overwrite=overwrite, swap=swap)
+    assert lin.weight is w
+    assert lin.weight._cdata != cdata
+    assert type(lin.weight) is TwoTensor
+    assert isinstance(lin.weight, nn.Parameter)
+
+
+@flag_settings
+@pytest.mark.parametrize(
+    "fn", [lambda t: t.to("meta"), lambda t: t.to_sparse()], ids=["meta", "sparse"]
+)
+def test_tensorimpl_change_never_uses_set_data(overwrite, swap, fn, data_setter_calls):
+    """Rule 5: a TensorImpl change never goes through ``.data =`` and succeeds on every setting."""
+    lin = linear()
+    lin.weight.grad = torch.ones(3, 3)
+    w, cdata = lin.weight, lin.weight._cdata
+    expected = fn(w.detach())
+    reference.apply(lin, fn, overwrite=overwrite, swap=swap)
+    assert data_setter_calls == []
+    assert path_taken(w, cdata, lin.weight) == ("swap" if swap else "overwrite")
+    assert lin.weight.device == expected.device
+    assert lin.weight.layout == expected.layout
+    assert lin.weight.grad.device == expected.device
+    assert lin.weight.grad.layout == expected.layout
+
+
+def test_set_data_detector_sees_compatible_change(data_setter_calls):
+    """Rule 5: under default flags a dtype change goes through ``.data =`` (detector check)."""
+    lin = linear()
+    w = lin.weight
+    reference.apply(lin, double, overwrite=False, swap=False)
+    assert any(target is w for target, _ in data_setter_calls)
+
+
+@pytest.mark.parametrize(
+    ("applied", "overwrite", "swap", "path"),
+    [
+        (lambda t: t.double(), False, False, "set_data"),
+        (lambda t: t.double(), True, False, "overwrite"),
+        (lambda t: t.double(), True, True, "swap"),
+        (lambda t: t.to("meta"), False, False, "overwrite"),
+        (lambda t: t.to("meta"), False, True, "swap"),
+        (lambda t: TwoTensor(t, t), False, False, "swap"),
+        (lambda t: t.detach(), False, False, "set_data"),
+    ],
+)
+def test_choose_path(applied, overwrite, swap, path):
+    """Rule 5: ``choose_path`` on one parameter and its converted value."""
+    p = nn.Parameter(torch.ones(2))
+    assert reference.choose_path(p, applied(p.detach()), overwrite=overwrite, swap=swap) == path
+
+
+def test_apply_returns_module():
+    """apply returns the module it was given."""
+    lin = linear()
+    assert reference.apply(lin, double) is lin
+
+
+# ---------------------------------------------------------------------------
+# Rule 3: fn once per distinct tensor, ties kept
+
+
+def _counting(fn):
+    calls: Counter[int] = Counter()
+    seen: list[torch.Tensor] = []
+
+    def wrapped(t):
+        calls[id(t)] += 1
+        seen.append(t)
+        return fn(t)
+
+    return wrapped, calls, seen
+
+
+@flag_settings
+def test_fn_runs_once_per_distinct_tensor(overwrite, swap):
+    """Rule 3: tied parameters, tied buffers, shared submodules and grads: one ``fn`` call each."""
+    root = nn.Module()
+    root.tied = Tied()
+    root.shared = Shared()
+    fill_grads(root)
+    distinct = {id(t): t for t in [*root.parameters(), *root.buffers()]}
+    distinct.update({id(p.grad): p.grad for p in root.parameters()})
+    fn, calls, seen = _counting(double)
+    reference.apply(root, fn, overwrite=overwrite, swap=swap)
+    assert len(seen) == len(distinct) == 12
+    assert set(calls) == set(distinct)
+    assert set(calls.values()) == {1}
+
+
+@flag_settings
+def test_tied_parameters_and_buffers_stay_tied(overwrite, swap):
+    """Rule 3: every slot that held one object holds one (converted) result."""
+    m = Tied()
+    fill_grads(m)
+    reference.apply(m, double, overwrite=overwrite, swap=swap)
+    assert m.enc.weight is m.dec.weight
+    assert m.enc.scale is m.dec.scale
+    assert m.enc.weight.dtype == m.enc.scale.dtype == torch.float64
+    assert m.enc.weight.grad.dtype == torch.float64
+    assert m.enc.bias is not m.dec.bias
+
+
+@flag_settings
+def test_shared_submodule_stays_shared(overwrite, swap):
+    """Rules 2 and 3: a shared submodule is converted once and stays one object."""
+    m = Shared()
+    fn, calls, _ = _counting(double)
+    reference.apply(m, fn, overwrite=overwrite, swap=swap)
+    assert m.a is m.b
+    assert m._modules["a"] is m._modules["b"]
+    assert m.a.weight.dtype == m.b.bias.dtype == m.offset.dtype == torch.float64
+    assert set(calls.values()) == {1}
+    assert len(calls) == 3
+
+
+def test_fn_runs_under_no_grad():
+    """Rule 3: ``fn`` runs under ``torch.no_grad()``."""
+    modes = []
+
+    def fn(t):
+        modes.append(torch.is_grad_enabled())
+        return t * 2
+
+    lin = linear()
+    with torch.enable_grad():
+        reference.apply(lin, fn)
+    assert modes == [False, False]
+    assert lin.weight.is_leaf
+
+
+# ---------------------------------------------------------------------------
+# Rule 6: class, attributes and requires_grad
+
+
+@flag_settings
+@pytest.mark.parametrize("fn", [double, lambda t: t.to("meta")], ids=["double", "meta"])
+def test_parameter_subclass_and_attributes_survive(overwrite, swap, fn):
+    """Rule 6: a ``Parameter`` subclass, its ``tag`` and ``requires_grad`` survive every path."""
+    m = Tagged()
+    reference.apply(m, fn, overwrite=overwrite, swap=swap)
+    assert type(m.p) is TaggedParameter
+    assert type(m.q) is TaggedParameter
+    assert (m.p.tag, m.q.tag) == ("x", "y")
+    assert m.p.requires_grad is True
+    assert m.q.requires_grad is False
+    assert m.p.dtype == fn(torch.ones(1)).dtype
+    assert m.p.device == fn(torch.ones(1)).device
+
+
+@flag_settings
+def test_tensor_subclass_result_class_wins_but_attributes_survive(overwrite, swap):
+    """Rule 6: if ``fn(p)`` is a tensor subclass its class wins; attributes and requires_grad stay."""
+    m = Tagged()
+    reference.apply(m, lambda t: TwoTensor(t.clone(), t.clone()), overwrite=overwrite, swap=swap)
+    assert type(m.p) is TwoTensor
+    assert m.p.tag == "x"
+    assert m.p.requires_grad is True
+    assert m.q.requires_grad is False
+
+
+@flag_settings
+def test_uninitialized_parameter_survives_half(overwrite, swap):
+    """Rule 6: ``LazyLinear``'s ``UninitializedParameter`` keeps its class under a half()-style fn."""
+    m = nn.LazyLinear(3)
+    reference.apply(m, half, overwrite=overwrite, swap=swap)
+    for p in (m.weight, m.bias):
+        assert type(p) is nn.UninitializedParameter
+        assert p.dtype == torch.float16
+        assert p.requires_grad
+    m(torch.ones(2, 4, dtype=torch.float16))
+    assert type(m.weight) is nn.Parameter
+    assert m.weight.shape == (3, 4)
+    assert m.weight.dtype == torch.float16
+
+
+@flag_settings
+def test_requires_grad_false_parameter_kept(overwrite, swap):
+    """Rule 6: ``requires_grad=False`` survives every path."""
+    lin = linear()
+    lin.bias.requires_grad_(False)
+    reference.apply(lin, double, overwrite=overwrite, swap=swap)
+    assert lin.weight.requires_grad is True
+    assert lin.bias.requires_grad is False
+
+
+# ---------------------------------------------------------------------------
+# Rule 7: grads
+
+
+@flag_settings
+@pytest.mark.parametrize("fn", [double, lambda t: t.to("meta")], ids=["double", "meta"])
+def test_grads_converted_and_stay_leaves(overwrite, swap, fn):
+    """Rule 7: grads are converted by ``fn``, stay leaves and keep their own requires_grad."""
+    lin = linear()
+    lin.weight.grad = torch.full((3, 3), 2.0, requires_grad=True)
+    lin.bias.grad = torch.full((3,), 3.0)
+    fn_counted, calls, _ = _counting(fn)
+    grads = (lin.weight.grad, lin.bias.grad)
+    reference.apply(lin, fn_counted, overwrite=overwrite, swap=swap)
+    assert calls[id(grads[0])] == calls[id(grads[1])] == 1
+    wg, bg = lin.weight.grad, lin.bias.grad
+    expected = fn(torch.ones(1))
+    for g in (wg, bg):
+        assert g.is_leaf
+        assert g.dtype == expected.dtype
+        assert g.device == expected.device
+    assert wg.requires_grad is True
+    assert bg.requires_grad is False
+    if expected.device.type != "meta":
+        assert torch.equal(wg.detach(), torch.full((3, 3), 2.0, dtype=torch.float64))
+        assert torch.equal(bg, torch.full((3,), 3.0, dtype=torch.float64))
+
+
+@flag_settings
+def test_grads_from_backward_follow_parameters(overwrite, swap):
+    """Rule 7: grads accumulated by backward follow their parameters; a later backward still works."""
+    lin = linear(2, 2)
+    lin(torch.ones(1, 2)).sum().backward()
+    expected = lin.weight.grad.double()
+    reference.apply(lin, double, overwrite=overwrite, swap=swap)
+    assert lin.weight.grad.dtype == torch.float64
+    assert torch.equal(lin.weight.grad, expected)
+    lin.zero_grad()
+    lin(torch.ones(1, 2, dtype=torch.float64)).sum().backward()
+    assert lin.weight.grad.dtype == torch.float64
+
+
+# ---------------------------------------------------------------------------
+# Rule 8 and rule 2: buffers, None slots, recurse
+
+
+@flag_settings
+def test_buffers_rebound_and_none_slots_stay_none(overwrite, swap):
+    """Rule 8: buffers are rebound to ``fn(buf)``; None parameter and buffer slots stay None."""
+    m = WithNones()
+    results = {}
+
+    def fn(t):
+        results[id(t)] = out = double(t)
+        return out
+
+    buf, steps = m.buf, m.steps
+    reference.apply(m, fn, overwrite=overwrite, swap=swap)
+    assert m._buffers["buf"] is results[id(buf)]
+    assert m.buf is not buf
+    assert m.buf.dtype == torch.float64
+    assert m._buffers["steps"] is steps  # fn returned its argument
+    assert m._parameters["missing"] is None
+    assert m._buffers["nobuf"] is None
+    assert list(m._parameters) == ["weight", "missing"]
+    assert list(m._buffers) == ["buf", "nobuf", "steps"]
+
+
+@flag_settings
+def test_recurse_false_touches_only_own_tensors(overwrite, swap):
+    """Rule 2: ``recurse=False`` converts the module's own tensors only."""
+    m = Nested()
+    fill_grads(m)
+    child_state = snapshot(m.child)
+    fn, calls, _ = _counting(double)
+    reference.apply(m, fn, overwrite=overwrite, swap=swap, recurse=False)
+    assert_unchanged(child_state, m.child)
+    assert m.own.dtype == m.own_buf.dtype == m.own.grad.dtype == torch.float64
+    assert len(calls) == 3
+    assert all(calls[id(t)] == 0 for t in [*m.child.parameters(), *m.child.buffers()])
+
+
+@flag_settings
+def test_recurse_true_touches_every_module(overwrite, swap):
+    """Rule 2: the default converts every module of the tree."""
+    m = Nested()
+    reference.apply(m, double, overwrite=overwrite, swap=swap)
+    assert {t.dtype for t in [*m.parameters(), *m.buffers()]} == {torch.float64}
+
+
+# ---------------------------------------------------------------------------
+# Rule 4: atomicity
+
+
+class Refused(Exception):
+    pass
+
+
+def _module_for_atomicity() -> nn.Module:
+    root = nn.Module()
+    root.tied = Tied()
+    root.shared = Shared()
+    root.tagged = Tagged()
+    fill_grads(root)
+    root.tied.enc.weight.grad.requires_grad_(True)
+    return root
+
+
+N_TENSORS = 15  # distinct parameters, grads and buffers of ``_module_for_atomicity``
+
+
+def test_atomicity_module_has_expected_tensor_count():
+    """Rule 4: (setup) the atomicity module holds N_TENSORS distinct tensors."""
+    fn, calls, _ = _counting(double)
+    reference.apply(_module_for_atomicity(), fn)
+    assert len(calls) == N_TENSORS
+
+
+@flag_settings
+@pytest.mark.parametrize("k", range(N_TENSORS))
+def test_fn_raising_on_kth_tensor_leaves_module_untouched(overwrite, swap, k):
+    """Rule 4: ``fn`` raising on the k-th tensor leaves every slot as it was; the error propagates."""
+    m = _module_for_atomicity()
+    before = snapshot(m)
+    error = Refused(f"tensor {k}")
+    count = 0
+
+    def fn(t):
+        nonlocal count
+        if count == k:
+            raise error
+        count += 1
+        return double(t)
+
+    with pytest.raises(Refused) as info:
+        reference.apply(m, fn, overwrite=overwrite, swap=swap)
+    assert info.value is error
+    assert count == k
+    assert_unchanged(before, m)
+    assert m.tied.enc.weight is m.tied.dec.weight
+    assert m.shared.a is m.shared.b
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_refused_swap_is_rolled_back(overwrite):
+    """Rule 4: a swap refused while committing undoes the swaps already made (grads included)."""
+    lin = linear()
+    fill_grads(lin)
+    before = snapshot(lin)
+    ref = weakref.ref(lin.bias)  # a weakref makes swap_tensors refuse the bias
+    with pytest.raises(RuntimeError, match=r"^_apply\(\): Couldn't swap Linear\.bias$") as info:
+        reference.apply(lin, double, overwrite=overwrite, swap=True)
+    assert "weakref" in str(info.value.__cause__)
+    assert_unchanged(before, lin)
+    assert ref() is lin.bias
