@@ -277,3 +277,10 @@ def same_output(a: Outcome, b: Outcome) -> bool:
     if isinstance(x, Tensor) and isinstance(y, Tensor):
         return same_values(x.detach(), y.detach())
     return x == y
+
+
+def conversion_named(name: str):
+    """The built-in conversion called ``name`` (``"double()"``, ``"to('meta')"``...)."""
+    from strategies.conversions import CONVERSIONS
+
+    return next(c for c in CONVERSIONS if c.name == name)

@@ -12,6 +12,7 @@ from functools import partial
 from hypothesis import assume, given
 
 from properties.common import (
+    conversion_named,
     converted_like,
     distinct,
     expected_path,
@@ -319,8 +320,6 @@ def test_apply_double_then_float_restores_values(target, module, flags):
 
     Origin: the ``nn.Module.double``/``float`` contract; float64 holds every float32.
     """
-    from strategies import conversion_named
-
     there, back = conversion_named("double()"), conversion_named("float()")
     example = Example(module, conversion=there, flags=flags)
     check = Checker("APPLY-ROUND-TRIP", target, example)

@@ -88,16 +88,23 @@ def test_fc_restores_module(target, data):
     """
     module, call, example, check = _draw(data, "FC-RESTORE", target, invalid=True)
     before = module_state(module)
-    given_ids = {id(v) for v in _given_values(call)}
-    replaced = {id(t) for t in before.slots.values()} - given_ids
     _call(target, module, call)
-    check_untouched(check, before, module, "not-restored", values_of=replaced)
+    check_untouched(check, before, module, "not-restored", values_of=_replaced(module, call))
     _verdict(check, example, target)
 
 
-def _given_values(call) -> list[Any]:
-    merged = merge_inputs(call.tensors)
-    return [] if isinstance(merged, ExpectedError) else list(merged.values())
+def _replaced(module, call) -> set[int] | None:
+    """Ids of the original tensors a valid call swaps out (None: the call is invalid).
+
+    Forward may legitimately update tensors it was not given (BatchNorm running stats),
+    so only replaced originals must keep their values; an invalid call touches nothing.
+    """
+    filled = _expected(module, call)
+    if isinstance(filled, ExpectedError):
+        return None
+    registered = named_tensors(module)
+    given_ids = {id(v) for v in filled.values()}
+    return {id(registered[n]) for n in filled if n in registered} - given_ids
 
 
 @spec_property("FC-VISIBLE")
@@ -250,7 +257,8 @@ def test_fc_input_forms(target, data):
     items = list(merged.items())
     forms = {"dict": dict(items), "tuple": (dict(items),),
              "split": (dict(items[:cut]), dict(items[cut:]))}
-    outputs = {label: _call(target, module, call, tensors=_clone_inputs(t), kwargs=_kw(call))
+    info = tree_info(module)
+    outputs = {label: _call(target, info.build(), call, tensors=_clone_inputs(t), kwargs=_kw(call))
                for label, t in forms.items()}
     for label, outcome in outputs.items():
         check.that(same_output(outcome, outputs["dict"]), "form-differs",

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from properties.common import (
     attempt,
     check_untouched,
+    conversion_named,
     is_uninitialized,
     module_state,
     spec_property,
@@ -17,7 +18,7 @@ from properties.common import (
 from properties.deviations import Checker
 from properties.examples import Example, named_tensors
 from properties.repro import call_repro
-from strategies import call_inputs, conversion_named, conversions, flag_settings, module_trees
+from strategies import call_inputs, conversions, flag_settings, module_trees
 
 trees = module_trees()
 cpu_conversions = conversions(devices=["cpu"], raising=False).filter(

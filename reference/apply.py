@@ -154,6 +154,8 @@ def _commit_param(slots: _Slots, results, undo, *, overwrite: bool, swap: bool) 
 
 def _as_parameter_like(param: Tensor, applied: Tensor) -> Tensor:
     """Rule 6: a new Parameter holding ``applied`` with ``param``'s class and attributes."""
+    if isinstance(applied, nn.Parameter):
+        applied = applied.detach()  # fn returned a parameter (often ``param`` itself)
     new = nn.Parameter(applied, requires_grad=param.requires_grad)
     if type(applied) in (Tensor, nn.Parameter) or type(applied) is type(param):
         new.__class__ = type(param)

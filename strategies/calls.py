@@ -160,10 +160,10 @@ def _tietensor_values(draw: Any, chosen: dict[str, Any], names: dict[str, Tensor
 
 
 def _unknown(draw: Any, module: nn.Module, gen: torch.Generator, chosen: dict[str, Any], tags: set[str]) -> None:
-    if _chance(draw, 25):
+    if _chance(draw, 35):
         path = draw(st.sampled_from([p for p, _ in module.named_modules()]))
         value = tensor_values((FEATURES,), "float32", gen)
-        if _chance(draw, 30):
+        if _chance(draw, 50):
             value = nn.Parameter(value)
             tags.add("unknown-leaf-parameter")
         chosen[join(path, "extra")] = value
@@ -220,7 +220,7 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
         _unknown(draw, module, gen, chosen, tags)
     tensors, form = _shape(draw, chosen, draw(st.sampled_from(FORMS)))
     bad = None
-    if invalid and _chance(draw, 40):
+    if invalid and _chance(draw, 60):
         tensors, bad = _invalidate(draw, module, tensors, chosen, gen)
         tags.add(f"invalid: {bad}")
     tie_weights = not _chance(draw, 30)

@@ -140,7 +140,7 @@ def conversions(
 
     * ``devices``: device kinds whose conversions may be drawn (default :func:`~strategies.devices.detected_devices`:
       cpu and meta, plus cuda / xla when present). CPU conversions are always included.
-    * ``raising``: also draw ``raise_on(k=K)`` with K in 1..6 (after the plain ones, so failures shrink away from it).
+    * ``raising``: also draw ``raise_on(k=K)`` with K in 1..6 (one more choice after the plain ones).
     * ``lazy_safe``: only conversions that work on ``UninitializedParameter`` and keep it uninitialized
       (``half/float/double``, ``to(float64/complex64)``, ``cpu()``, cuda moves, ``raise_on``).
 
@@ -148,12 +148,13 @@ def conversions(
     """
     allowed = {"cpu", *(detected_devices() if devices is None else devices)}
     plain = [c for c in CONVERSIONS if c.device in allowed and (c.lazy_safe or not lazy_safe)]
-    strategy: st.SearchStrategy[Conversion] = st.sampled_from(plain)
-    if raising:
-        strategy = st.one_of(strategy, st.integers(1, 6).map(raising_conversion))
-    return strategy.map(_report)
+    return _conversions(tuple(plain), raising)
 
 
-def _report(conversion: Conversion) -> Conversion:
+@st.composite
+def _conversions(draw: Any, plain: tuple[Conversion, ...], raising: bool) -> Conversion:
+    """Uniform over ``plain`` (plus one slot for ``raise_on``, whose k is drawn next)."""
+    choice = draw(st.sampled_from([*plain, "raise_on"] if raising else plain))
+    conversion = raising_conversion(draw(st.integers(1, 6))) if choice == "raise_on" else choice
     event(f"conversion: {conversion.tag}")
     return conversion

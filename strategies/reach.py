@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from strategies.calls import call_inputs
+from strategies.calls import call_inputs, flag_settings
 from strategies.conversions import conversions
 from strategies.tree_draws import module_trees
 from strategies.trees import tree_info
@@ -49,8 +49,13 @@ def tree_reach(n: int) -> list[frozenset[str]]:
 
 
 def conversion_reach(n: int) -> list[frozenset[str]]:
-    """``{conversion.tag}`` of ``n`` drawn conversions (default devices)."""
-    return sample(conversions(), n, lambda c: {c.tag})
+    """``{conversion.tag}`` of ``n`` drawn conversions (default devices).
+
+    Each conversion is drawn together with a flag setting and a filler integer, as a property would draw it
+    beside other data: drawn alone, the few distinct conversions are simply enumerated once each.
+    """
+    drawn = st.tuples(conversions(), flag_settings(), st.integers(0, 2**32 - 1))
+    return sample(drawn, n, lambda c: {c[0].tag})
 
 
 def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:

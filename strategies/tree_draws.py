@@ -2,8 +2,8 @@
 
 Shrinking: every choice is ordered so that the simplest option comes first (a leaf before a container,
 ``generic`` before real layers, float32 before other dtypes, shape ``(4,)`` first, no ties, no sharing, train
-mode, every flag off). The minimal tree is ``TreeSpec(root=LeafSpec(tensors=(TensorSpec(name='p0'),)))`` once
-a failure needs a parameter (``LeafSpec()`` with no tensors otherwise).
+mode, every flag off). The minimal tree is ``TreeSpec(root=LeafSpec(tensors=(TensorSpec(name='p0'),)))``:
+one generic leaf with one float32 ``(4,)`` parameter, seed 0.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _generic(draw: Draw, o: _Options) -> LeafSpec:
 def _real(draw: Draw, o: _Options) -> LeafSpec:
     kind = draw(st.sampled_from(o.real_kinds))
     if kind == "LazyLinear":
-        return LeafSpec(kind, initialized=draw(st.booleans()))
+        return LeafSpec(kind, initialized=_chance(draw, 40))
     return LeafSpec(
         kind,
         dtype=draw(st.sampled_from(o.real_dtypes)),
@@ -124,6 +124,8 @@ def _node(draw: Draw, o: _Options, depth: int, budget: list[int]) -> LeafSpec | 
     """A leaf, or (while ``depth < max_depth``, with chance 60% - 12% per level) a container of 1-3 children.
 
     ``budget`` counts the leaves still allowed; a container stops adding children when it reaches 0.
+    The first leaf choice (15%) is the simplest leaf, a generic one with one float32 (4,) parameter, reached
+    with a single choice so that Hypothesis (shortlex) shrinks to it before any other leaf.
     """
     if depth < o.max_depth and _chance(draw, 60 - 12 * depth):
         kind = draw(st.sampled_from(CONTAINER_KINDS))
@@ -134,7 +136,9 @@ def _node(draw: Draw, o: _Options, depth: int, budget: list[int]) -> LeafSpec | 
             children.append(_node(draw, o, depth + 1, budget))
         return ContainerSpec(kind, tuple(children))
     budget[0] -= 1
-    if o.real_kinds and _chance(draw, 50):
+    if o.param_dtypes and not _chance(draw, 85):
+        return LeafSpec(tensors=(TensorSpec("p0", dtype=o.param_dtypes[0]),))
+    if o.real_kinds and _chance(draw, 55):
         return _real(draw, o)
     return _generic(draw, o)
 
@@ -182,16 +186,16 @@ def _reaches(edges: dict[str, list[str]], start: str, goal: str) -> bool:
 
 
 def _shares(draw: Draw, root: LeafSpec | ContainerSpec) -> tuple[ShareSpec, ...]:
-    """Up to two shares: a non-root module registered again under a container it does not contain."""
+    """Up to three shares: a non-root module registered again under a container it does not reach."""
     nodes = list(walk(root))
     sources = [p for p, _, _ in nodes if p]
-    if not sources or not _chance(draw, 45):
+    if not sources or not _chance(draw, 50):
         return ()
     kinds = {p: n.kind for p, _, n in nodes if isinstance(n, ContainerSpec)}
     edges = {p: [join(p, child_name(n.kind, i)) for i in range(len(n.children))] for p, _, n in nodes if isinstance(n, ContainerSpec)}
     extra: dict[str, int] = {}
     out = []
-    for _ in range(draw(st.integers(1, 2))):
+    for _ in range(draw(st.integers(1, 3))):
         src = draw(st.sampled_from(sources))
         parents = [p for p in edges if not _reaches(edges, src, p)]
         parent = draw(st.sampled_from(parents))  # the root is always allowed

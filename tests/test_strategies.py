@@ -1,0 +1,236 @@
+"""Tests of the strategies package: determinism, rebuild/repro, forward contract, RNG hygiene, conversions."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from strategies import (
+    BATCH,
+    FEATURES,
+    CallInput,
+    ConversionError,
+    FlagSetting,
+    ForwardError,
+    build_tree,
+    call_inputs,
+    conversions,
+    flag_settings,
+    module_trees,
+    tree_info,
+    tree_specs,
+)
+from strategies.calls import valid_names
+from strategies.conversions import CONVERSIONS, raising_conversion
+from strategies.trees import LeafSpec, TensorSpec, TreeSpec
+
+SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+X = torch.linspace(-1, 1, BATCH * FEATURES).reshape(BATCH, FEATURES)
+UNINIT = nn.parameter.UninitializedTensorMixin
+
+
+def tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+
+
+def assert_same_tree(a: nn.Module, b: nn.Module) -> None:
+    """Equal names, types, values, grads, tags and the same aliasing pattern; no object in common."""
+    ta, tb = tensors(a), tensors(b)
+    assert [n for n, _ in ta] == [n for n, _ in tb]
+    ids_a, ids_b = {}, {}
+    for (name, x), (_, y) in zip(ta, tb, strict=True):
+        assert type(x) is type(y) and x is not y, name
+        assert ids_a.setdefault(id(x), name) == ids_b.setdefault(id(y), name), name
+        if isinstance(x, UNINIT):
+            continue
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+        assert x.requires_grad == y.requires_grad and getattr(x, "tag", None) == getattr(y, "tag", None)
+        assert (x.grad is None) == (y.grad is None) and (x.grad is None or torch.equal(x.grad, y.grad))
+    assert [p for p, _ in a.named_modules(remove_duplicate=False)] == [p for p, _ in b.named_modules(remove_duplicate=False)]
+    assert a.state_dict().keys() == b.state_dict().keys()
+
+
+@SETTINGS
+@given(tree_specs())
+def test_build_is_deterministic(spec: TreeSpec) -> None:
+    assert_same_tree(build_tree(spec), build_tree(spec))
+
+
+@SETTINGS
+@given(module_trees())
+def test_info_build_and_source_rebuild_equal_independent_modules(module: nn.Module) -> None:
+    info = tree_info(module)
+    assert_same_tree(module, info.build())
+    namespace: dict = {}
+    exec(info.source("rebuilt"), namespace)
+    assert_same_tree(module, namespace["rebuilt"])
+    assert eval(repr(info.spec), {**namespace}) == info.spec
+    assert info.n_modules == len(list(module.modules()))
+
+
+@SETTINGS
+@given(module_trees(), st.data())
+def test_forward_contract_and_dependence_on_every_tensor(module: nn.Module, data: st.DataObject) -> None:
+    spec = tree_info(module).spec
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        names = [n for n, t in tensors(module) if not isinstance(t, UNINIT) and (t.is_floating_point() or t.is_complex())]
+        y0 = module(X)
+        assert y0.shape == (BATCH, FEATURES) and y0.dtype == X.dtype
+        if not names:
+            return
+        name = data.draw(st.sampled_from(names))
+        other = build_tree(spec)
+        with torch.no_grad():
+            dict(tensors(other))[name].view(-1)[0] += 1
+        assert not torch.equal(other(X), y0), f"output ignores {name}"
+
+
+@SETTINGS
+@given(st.data())
+def test_drawing_building_and_running_leave_global_rng_alone(data: st.DataObject) -> None:
+    state = torch.get_rng_state()
+    module = data.draw(module_trees())
+    data.draw(call_inputs(module, invalid=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module(X)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_raising_leaf_and_reporting_leaf() -> None:
+    spec = TreeSpec(root=LeafSpec(tensors=(TensorSpec("p0"),), behaviours=("raise", "report", "rebind")))
+    module, report = build_tree(spec), []
+    module(X, report=report)
+    assert report[0].module is module and report[0].parameters[0][1] is module.p0
+    assert int(module.count) == 1
+    with pytest.raises(ForwardError):
+        module(X, fail=True)
+
+
+def test_minimal_tree_is_one_generic_leaf_with_one_float32_parameter() -> None:
+    found = find(module_trees(), lambda m: len(list(m.parameters())) >= 1, settings=settings(database=None, max_examples=500))
+    assert tree_info(found).spec == TreeSpec(root=LeafSpec(tensors=(TensorSpec("p0"),)))
+
+
+def test_flag_settings_shrink_to_default() -> None:
+    assert find(flag_settings(), lambda f: True, settings=settings(database=None)) == FlagSetting(False, False)
+
+
+def test_importing_strategies_does_not_import_torch_xla() -> None:
+    assert "torch_xla" not in sys.modules
+
+
+# ---------------------------------------------------------------- conversions
+
+MODULE_METHODS = {
+    "float()": lambda m: m.float(),
+    "half()": lambda m: m.half(),
+    "double()": lambda m: m.double(),
+    "bfloat16()": lambda m: m.bfloat16(),
+    "to(torch.float64)": lambda m: m.to(torch.float64),
+    "to(torch.complex64)": lambda m: m.to(torch.complex64),
+    "cpu()": lambda m: m.cpu(),
+    "share_memory()": lambda m: m.share_memory(),
+    "to(memory_format=torch.channels_last)": lambda m: m.to(memory_format=torch.channels_last),
+    "to('meta')": lambda m: m.to("meta"),
+    "to_empty(device='cpu')": lambda m: m.to_empty(device="cpu"),
+    "to_empty(device='meta')": lambda m: m.to_empty(device="meta"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULE_METHODS))
+@settings(max_examples=20, deadline=None, database=None)
+@given(spec=tree_specs(lazy=False))
+def test_conversion_mirrors_module_method(name: str, spec: TreeSpec) -> None:
+    conversion = next(c for c in CONVERSIONS if c.name == name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = MODULE_METHODS[name](build_tree(spec))
+        b = build_tree(spec)._apply(conversion.make_fn())
+    for (n, x), (_, y) in zip(tensors(a), tensors(b), strict=True):
+        assert (x.dtype, x.device, x.shape, x.stride()) == (y.dtype, y.device, y.shape, y.stride()), n
+        if conversion.preserves_values and x.device.type != "meta":
+            assert torch.equal(x, y), n
+
+
+@pytest.mark.parametrize("conversion", [c for c in CONVERSIONS if c.device in ("cpu", "meta")], ids=lambda c: c.name)
+def test_conversion_flags_match_torch(conversion) -> None:
+    t = torch.linspace(0, 1, 4)
+    out = conversion.make_fn()(t)
+    assert conversion.changes_impl == (not torch._has_compatible_shallow_copy_type(t, out))
+    if conversion.preserves_values and out.device.type != "meta":
+        dense = out.to_dense() if out.layout != torch.strided else out
+        assert torch.allclose(dense.real.double(), (t + 0).double(), atol=1e-2)
+
+
+def test_raise_on_counts_per_fresh_fn() -> None:
+    conversion = raising_conversion(2)
+    fn = conversion.make_fn()
+    t = torch.zeros(1)
+    assert fn(t) is t
+    with pytest.raises(ConversionError):
+        fn(t)
+    assert conversion.make_fn()(t) is t  # a fresh fn has a fresh counter
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(conversions(lazy_safe=True))
+def test_lazy_safe_conversions_keep_lazy_parameters_uninitialized(conversion) -> None:
+    module = build_tree(TreeSpec(root=LeafSpec("LazyLinear")))
+    try:
+        module._apply(conversion.make_fn())
+    except ConversionError:
+        assert conversion.raises_on is not None
+    assert isinstance(module.weight, UNINIT)
+
+
+# ---------------------------------------------------------------- call inputs
+
+
+@SETTINGS
+@given(st.data())
+def test_call_inputs_shape(data: st.DataObject) -> None:
+    module = data.draw(module_trees())
+    call: CallInput = data.draw(call_inputs(module))
+    names = valid_names(module)
+    merged = call.merged()
+    if call.form == "dict":
+        assert isinstance(call.tensors, dict)
+    elif call.form == "tuple-overlap":
+        first, second = call.tensors
+        assert set(first) & set(second)
+    elif call.form == "tuple-disjoint":
+        first, second = call.tensors
+        assert not set(first) & set(second)
+    assert call.args[0].shape == (BATCH, FEATURES) and call.args[0].dtype == torch.float32
+    for key, value in merged.items():
+        if key in names and value is not None and value is not names[key]:
+            assert value.shape == names[key].shape
+            assert value.untyped_storage().data_ptr() != names[key].untyped_storage().data_ptr()
+        elif key not in names:
+            assert key.endswith("extra") or key == "nosuch.weight"
+
+
+@SETTINGS
+@given(st.data())
+def test_simple_call_inputs_run_through_functional_call(data: st.DataObject) -> None:
+    module = data.draw(module_trees(lazy=False))
+    call: CallInput = data.draw(call_inputs(module, unknown_names=False))
+    assume_ok = (
+        call.form != "tuple-overlap" and not call.strict and "fail" not in call.kwargs
+        and "tie-several-different" not in call.features and all(v is not None for v in call.merged().values())
+        and "value: other-dtype" not in call.features
+    )
+    if not assume_ok:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.func.functional_call(module, call.tensors, call.args, call.kwargs, tie_weights=call.tie_weights)
+    assert out.shape == (BATCH, FEATURES)
