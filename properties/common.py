@@ -17,14 +17,16 @@ from properties.deviations import Checker
 from properties.examples import Example, named_tensors, same_values, slots
 
 
-def spec_property(property_id: str) -> Callable:
+def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -> Callable:
     """Mark a test as the check of one property, for the report and deviation lookup.
 
-    Also relaxes two things a host profile may set that do not fit torch: the deadline
-    (torch's first calls are slow and machines are noisy) and the too-slow health check.
+    Also relaxes what a host profile may set that does not fit torch: the deadline
+    (torch's first calls are slow and machines are noisy), the too-slow and data-too-large
+    health checks, and any in ``suppress``.
     """
     relax = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                            HealthCheck.data_too_large])
+                                                            HealthCheck.data_too_large,
+                                                            *suppress])
 
     def mark(test: Callable) -> Callable:
         return pytest.mark.swapspec_property(property_id)(relax(test))
@@ -188,18 +190,23 @@ def module_state(module: nn.Module) -> ModuleState:
 
 
 def check_untouched(check: Checker, before: ModuleState, module: nn.Module,
-                    clause: str, *, values_of: set[int] | None = None) -> None:
+                    clause: str, *, values_of: set[int] | None = None,
+                    names: set[str] | None = None) -> None:
     """Clause ``clause``: same slot objects, no new or lost attributes, same classes.
 
-    ``values_of`` limits the value comparison to those tensor ids (default: all).
+    ``values_of`` limits the value comparison to those tensor ids, ``names`` the slot
+    comparison to those slot names (default: all of both).
     """
     now = module_state(module)
     for name, obj in before.slots.items():
+        if names is not None and name not in names:
+            continue
         check.that(now.slots.get(name, _MISSING) is obj, clause,
                    f"slot {name!r} holds another object afterwards",
                    code=f"{slot_code(name)} is before[{name!r}]")
     for path, shape in before.layout.items():
-        check.that(now.layout.get(path) == shape, clause,
+        check.that(now.layout.get(path) == shape or _lazy_materialized(shape, now.layout.get(path)),
+                   clause,
                    f"module {path or '<root>'!r} changed class or attributes: "
                    f"{_layout_diff(shape, now.layout.get(path))}")
     for key, value in before.values.items():
@@ -210,6 +217,11 @@ def check_untouched(check: Checker, before: ModuleState, module: nn.Module,
 
 
 _MISSING = object()
+
+
+def _lazy_materialized(old: tuple, new: tuple | None) -> bool:
+    """A lazy module that forward initialized: its class became ``cls_to_become``."""
+    return new is not None and getattr(old[0], "cls_to_become", None) is new[0]
 
 
 def _layout_diff(old: tuple, new: tuple | None) -> str:

@@ -93,7 +93,8 @@ def strict_error(module: nn.Module, filled: dict[str, Any]) -> ExpectedError | N
 
 def owner_of(module: nn.Module, name: str) -> tuple[nn.Module, str] | ExpectedError:
     """The submodule that owns ``name`` and the key inside it, or the lookup error."""
-    *path, key = name.split(".")
+    prefix, _, key = name.rpartition(".")
+    path = prefix.split(".") if prefix else []
     owner = module
     for i, part in enumerate(path):
         if not hasattr(owner, part):

@@ -10,6 +10,7 @@ from collections import Counter
 from functools import partial
 
 from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from properties.common import (
     conversion_named,
@@ -27,6 +28,7 @@ from properties.deviations import Checker
 from properties.examples import Example, alias_groups, named_tensors, same_values, slots
 from properties.repro import apply_repro
 from strategies import conversions, flag_settings, module_trees
+from strategies.conversions import raising_conversion
 
 trees = module_trees()
 plain_conversions = conversions(raising=False)
@@ -282,14 +284,17 @@ def test_apply_recurse_false_touches_own_tensors_only(target, module, conversion
 
 
 @spec_property("APPLY-ATOMIC")
-@given(module=trees, conversion=conversions(raising=True).filter(lambda c: c.raises_on),
-       flags=flag_settings())
-def test_apply_is_atomic(target, module, conversion, flags):
+@given(module=trees, flags=flag_settings(), data=st.data())
+def test_apply_is_atomic(target, module, flags, data):
     """If ``fn`` raises on any tensor, the module is left exactly as it was and the error propagates.
 
+    ``fn`` is ``t + 1`` raising on its k-th call, k drawn up to the number of distinct tensors.
     Origin: swapspec spec (torch converts tensors one by one; a failure halfway leaves a
     half-converted module, e.g. an out-of-memory error during ``model.to('cuda')``).
     """
+    n_tensors = len(distinct([*named_tensors(module).values(), *_all_grads(module)]))
+    assume(n_tensors > 0)
+    conversion = raising_conversion(data.draw(st.integers(1, n_tensors), label="k"))
     example, check, snap = _setup(target, "APPLY-ATOMIC", module, conversion, flags)
     assume(snap.expected_error is not None)
     values = {n: t.detach().clone() for n, t in snap.names.items() if not is_uninitialized(t)}
@@ -305,12 +310,18 @@ def test_apply_is_atomic(target, module, conversion, flags):
                    code=f"{slot_code(name)} is before[{name!r}]")
     for name, value in values.items():
         check.that(same_values(after[name], value), "value-changed",
-                   f"{name!r} changed value/dtype after a failed apply")
+                   f"{name!r} changed value/dtype after a failed apply",
+                   code=f"{slot_code(name)}.dtype == before[{name!r}].dtype")
+    params = {id(t): t for t in snap.names.values()}
     for key, grad in snap.grads.items():
-        param = next(t for t in snap.names.values() if id(t) == key)
-        check.that(param.grad is grad and (grad is None or same_values(grad, grad_values[key])),
+        now = params[key].grad
+        check.that(now is grad and (grad is None or same_values(grad, grad_values[key])),
                    "grad-changed", "a grad changed after a failed apply")
     _verdict(check, example, target)
+
+
+def _all_grads(module):
+    return [p.grad for p in module.parameters() if p.grad is not None]
 
 
 @spec_property("APPLY-ROUND-TRIP")

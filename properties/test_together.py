@@ -17,6 +17,7 @@ from properties.common import (
 )
 from properties.deviations import Checker
 from properties.examples import Example, named_tensors
+from properties.oracle import ExpectedError, expected_outcome, slot_of
 from properties.repro import call_repro
 from strategies import call_inputs, conversions, flag_settings, module_trees
 
@@ -42,11 +43,17 @@ def test_functional_call_on_converted_module(target, data):
     example = Example(module, conversion=conversion, flags=flags, call=call)
     check = Checker("TOGETHER-CONVERTED-CALL", target, example)
     before = module_state(module)
-    given_ids = {id(v) for v in call.merged().values()}
+    filled = expected_outcome(module, call.tensors, tie_weights=call.tie_weights,
+                              strict=call.strict)
+    assume(not isinstance(filled, ExpectedError))
+    registered = named_tensors(module)
+    replaced = {id(registered[n]) for n in filled if n in registered}
+    reached = {slot_of(module, n) for n in filled}
     attempt(lambda: target.functional_call(module, call.tensors, call.args, call.kwargs,
                                            tie_weights=call.tie_weights, strict=call.strict))
     check_untouched(check, before, module, "not-restored",
-                    values_of={k for k in before.values if k not in given_ids})
+                    values_of=replaced - {id(v) for v in filled.values()},
+                    names={n for n in before.slots if slot_of(module, n) in reached})
     check.verdict(partial(call_repro, example, target))
 
 

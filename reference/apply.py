@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import UninitializedParameter, UninitializedTensorMixin
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from reference.flags import (
@@ -124,7 +125,8 @@ def _commit(params, buffers, results, *, overwrite: bool, swap: bool) -> None:
     undo: list[Callable[[], None]] = []
     try:
         for slots in params:
-            _commit_param(slots, results, undo, overwrite=overwrite, swap=swap)
+            final = _commit_param(slots, results, undo, overwrite=overwrite, swap=swap)
+            results[id(slots.tensor)] = final  # a buffer slot holding this parameter follows it
         for slots in buffers:
             _rebind(slots, results[id(slots.tensor)], "_buffers", undo)
     except BaseException:
@@ -133,8 +135,8 @@ def _commit(params, buffers, results, *, overwrite: bool, swap: bool) -> None:
         raise
 
 
-def _commit_param(slots: _Slots, results, undo, *, overwrite: bool, swap: bool) -> None:
-    """Rules 5 and 6 for one parameter object, then rule 7 for its grad."""
+def _commit_param(slots: _Slots, results, undo, *, overwrite: bool, swap: bool) -> Tensor:
+    """Rules 5 and 6 for one parameter object, then rule 7 for its grad; return the result."""
     param = slots.tensor
     applied = results[id(param)]
     grad = param.grad
@@ -150,13 +152,17 @@ def _commit_param(slots: _Slots, results, undo, *, overwrite: bool, swap: bool) 
         _rebind(slots, target, "_parameters", undo)
     if grad is not None:
         _commit_grad(target, grad, results[id(grad)], path, undo, overwrite=overwrite)
+    return target
 
 
 def _as_parameter_like(param: Tensor, applied: Tensor) -> Tensor:
     """Rule 6: a new Parameter holding ``applied`` with ``param``'s class and attributes."""
-    if isinstance(applied, nn.Parameter):
-        applied = applied.detach()  # fn returned a parameter (often ``param`` itself)
-    new = nn.Parameter(applied, requires_grad=param.requires_grad)
+    if isinstance(applied, UninitializedTensorMixin):
+        new = UninitializedParameter(param.requires_grad, applied.device, applied.dtype)
+    else:
+        if isinstance(applied, nn.Parameter):
+            applied = applied.detach()  # fn returned a parameter (often ``param`` itself)
+        new = nn.Parameter(applied, requires_grad=param.requires_grad)
     if type(applied) in (Tensor, nn.Parameter) or type(applied) is type(param):
         new.__class__ = type(param)
     new.__dict__.update(param.__dict__)

@@ -67,8 +67,8 @@ def functional_call(
     8. Write-back (``_write_back``): a slot that forward rebound is written into the
        caller's mapping that supplied the key; in-place updates land on the caller's tensor.
     """
-    _refuse_jitted(module)
     given, sources = _merge(tensors)
+    _refuse_jitted(module)
     args = () if args is None else args if isinstance(args, tuple) else (args,)
     kwargs = {} if kwargs is None else kwargs
     named = _expand_ties(module, given) if tie_weights else dict(given)

@@ -203,7 +203,8 @@ def _invalidate(draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, An
 
 
 @st.composite
-def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool) -> CallInput:
+def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool,
+                 strict: bool | None) -> CallInput:
     names = valid_names(module)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     tags: set[str] = set()
@@ -224,7 +225,7 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
         tensors, bad = _invalidate(draw, module, tensors, chosen, gen)
         tags.add(f"invalid: {bad}")
     tie_weights = not _chance(draw, 30)
-    strict = _chance(draw, 30)
+    strict = _chance(draw, 30) if strict is None else strict
     kwargs: dict[str, Any] = {}
     if _chance(draw, 15):
         kwargs["fail"] = True
@@ -238,7 +239,9 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
     return CallInput(tensors, args, kwargs, tie_weights, strict, form, bad, frozenset(tags))
 
 
-def call_inputs(module: nn.Module, *, unknown_names: bool = True, invalid: bool = False) -> st.SearchStrategy[CallInput]:
+def call_inputs(
+    module: nn.Module, *, unknown_names: bool = True, invalid: bool = False, strict: bool | None = None
+) -> st.SearchStrategy[CallInput]:
     """Draw a :class:`CallInput` for ``functional_call(module, ...)``.
 
     Names: any subset of the valid names (``named_parameters``/``named_buffers`` with ``remove_duplicate=False``,
@@ -252,8 +255,9 @@ def call_inputs(module: nn.Module, *, unknown_names: bool = True, invalid: bool 
       ``Parameter``) and ``'nosuch.weight'`` (an unknown submodule).
     * ``invalid``: sometimes replace the input by a bad one: a non-tensor value, an empty leaf name
       (``'<path>.'``), a non-mapping ``tensors`` (``7``) or a tuple with a non-dict element.
+    * ``strict``: fix ``strict`` to this value instead of drawing it.
 
     ``args`` is ``(x,)`` from :func:`forward_inputs`; ``kwargs`` may hold ``fail=True`` and ``report=[]``;
     ``tie_weights`` shrinks to True and ``strict`` to False (torch's defaults).
     """
-    return _call_inputs(module, unknown_names, invalid)
+    return _call_inputs(module, unknown_names, invalid, strict)

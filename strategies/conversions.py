@@ -15,8 +15,8 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
 * ``to_sparse()`` is ``t.to_sparse()`` (sparse COO; works for every dtype and shape the trees draw, 0-d included).
 * ``TwoTensor`` wraps floating tensors as ``TwoTensor(t, t.clone())`` (a traceable wrapper subclass, so
   ``_apply`` takes the swap path whatever the flags; ``_has_compatible_shallow_copy_type`` says True for it).
-* ``add(1)`` is ``t + 1`` (not idempotent; bool becomes int64). ``raise_on(k=K)`` returns its argument and raises
-  :class:`ConversionError` on the K-th call (1-based) of that fresh fn.
+* ``add(1)`` is ``t + 1`` (not idempotent; bool becomes int64). ``raise_on(k=K)`` is ``add(1)`` that raises
+  :class:`ConversionError` on the K-th call (1-based) of that fresh fn: out of place, so a half-done conversion shows.
 
 ``changes_impl`` is relative to a CPU dense source: True for meta, sparse and XLA results.
 """
@@ -47,7 +47,7 @@ class ConversionError(RuntimeError):
 
 
 def raise_on(k: int) -> Callable[[Tensor], Tensor]:
-    """A fresh identity fn that raises :class:`ConversionError` on its ``k``-th call (1-based)."""
+    """A fresh ``t + 1`` fn that raises :class:`ConversionError` on its ``k``-th call (1-based)."""
     calls = 0
 
     def fn(t: Tensor) -> Tensor:
@@ -55,7 +55,7 @@ def raise_on(k: int) -> Callable[[Tensor], Tensor]:
         calls += 1
         if calls == k:
             raise ConversionError(f"raise_on({k}): call {calls}")
-        return t
+        return t + 1
 
     return fn
 
@@ -129,8 +129,8 @@ CONVERSIONS: tuple[Conversion, ...] = (
 
 
 def raising_conversion(k: int) -> Conversion:
-    """``raise_on(k=k)``: identity that raises :class:`ConversionError` on its k-th call."""
-    return Conversion(f"raise_on(k={k})", f"raise_on({k})", raises_on=k, lazy_safe=True)
+    """``raise_on(k=k)``: ``t + 1`` that raises :class:`ConversionError` on its k-th call."""
+    return Conversion(f"raise_on(k={k})", f"raise_on({k})", preserves_values=False, raises_on=k)
 
 
 def conversions(
@@ -142,7 +142,7 @@ def conversions(
       cpu and meta, plus cuda / xla when present). CPU conversions are always included.
     * ``raising``: also draw ``raise_on(k=K)`` with K in 1..6 (one more choice after the plain ones).
     * ``lazy_safe``: only conversions that work on ``UninitializedParameter`` and keep it uninitialized
-      (``half/float/double``, ``to(float64/complex64)``, ``cpu()``, cuda moves, ``raise_on``).
+      (``half/float/double``, ``to(float64/complex64)``, ``cpu()``, cuda moves).
 
     Shrinks towards ``float()``. Reports ``hypothesis.event('conversion: <tag>')``.
     """

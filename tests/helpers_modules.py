@@ -21,8 +21,8 @@ def randn(*shape: int, seed: int = 0) -> Tensor:
 
 
 def linear(n_in: int = 3, n_out: int = 3, *, seed: int = 0) -> nn.Linear:
-    """An ``nn.Linear`` with fixed weights (its constructor's global-RNG init is overwritten)."""
-    lin = nn.Linear(n_in, n_out)
+    """An ``nn.Linear`` with fixed weights from a local generator."""
+    lin = torch.nn.utils.skip_init(nn.Linear, n_in, n_out)  # no global-RNG init
     with torch.no_grad():
         lin.weight.copy_(randn(n_out, n_in, seed=seed))
         lin.bias.copy_(randn(n_out, seed=seed + 1))

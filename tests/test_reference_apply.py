@@ -275,7 +275,8 @@ def test_uninitialized_parameter_survives_half(overwrite, swap):
         assert type(p) is nn.UninitializedParameter
         assert p.dtype == torch.float16
         assert p.requires_grad
-    m(torch.ones(2, 4, dtype=torch.float16))
+    with torch.random.fork_rng():  # materializing draws from the global RNG
+        m(torch.ones(2, 4, dtype=torch.float16))
     assert type(m.weight) is nn.Parameter
     assert m.weight.shape == (3, 4)
     assert m.weight.dtype == torch.float16
@@ -446,3 +447,58 @@ def test_refused_swap_is_rolled_back(overwrite):
     assert "weakref" in str(info.value.__cause__)
     assert_unchanged(before, lin)
     assert ref() is lin.bias
+
+
+# ---------------------------------------------------------------------------
+# fn returning its argument or a Parameter
+
+
+@flag_settings
+def test_identity_fn_keeps_everything(overwrite, swap):
+    """Rules 3, 6 and 7: ``fn`` returning its argument (``cpu()`` on CPU) keeps values, classes, ties, grads."""
+    root = nn.Module()
+    root.tied = Tied()
+    root.tagged = Tagged()
+    fill_grads(root)
+    values = {name: t.detach().clone() for name, t in root.named_parameters()}
+    grads = {name: t.grad.clone() for name, t in root.named_parameters() if t.grad is not None}
+    buffers = dict(root.named_buffers())
+    reference.apply(root, lambda t: t, overwrite=overwrite, swap=swap)
+    assert root.tied.enc.weight is root.tied.dec.weight
+    assert type(root.tagged.p) is TaggedParameter and root.tagged.p.tag == "x"
+    assert root.tagged.q.requires_grad is False
+    for name, t in root.named_parameters():
+        assert torch.equal(t.detach(), values[name]), name
+        if name in grads:
+            assert torch.equal(t.grad, grads[name]), name
+            assert t.grad.is_leaf
+    assert {k: id(v) for k, v in root.named_buffers()} == {k: id(v) for k, v in buffers.items()}
+
+
+@flag_settings
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_fn_returning_parameter_keeps_param_requires_grad(overwrite, swap, requires_grad):
+    """Rule 6: ``requires_grad`` is the parameter's own, whatever ``fn`` returns."""
+    m = Tagged()
+    reference.apply(
+        m,
+        lambda t: nn.Parameter(t.detach().double(), requires_grad=requires_grad),
+        overwrite=overwrite,
+        swap=swap,
+    )
+    assert (m.p.requires_grad, m.q.requires_grad) == (True, False)
+    assert type(m.p) is TaggedParameter
+    assert m.p.dtype == torch.float64
+
+
+@flag_settings
+def test_parameter_also_registered_as_buffer_stays_one_object(overwrite, swap):
+    """Rule 3: a tensor held by a parameter slot and a buffer slot ends up as one result in both."""
+    m = nn.Module()
+    m.w = nn.Parameter(torch.tensor([1.0, 2.0]))
+    m.register_buffer("w_buf", m.w)
+    fn, calls, _ = _counting(double)
+    reference.apply(m, fn, overwrite=overwrite, swap=swap)
+    assert len(calls) == 1
+    assert m._parameters["w"] is m._buffers["w_buf"]
+    assert m.w.dtype == torch.float64
