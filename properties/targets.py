@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from properties.torch_deviations import TORCH_DEVIATIONS
+from properties.xla_deviations import XLA_DEVIATIONS
 from torch import nn
 
 import reference
@@ -94,10 +95,10 @@ def builtin_target(name: str) -> Target:
         return from_object(reference)
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
-                      deviations=TORCH_DEVIATIONS)
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
-                      deviations=TORCH_DEVIATIONS, skips=STATELESS_SKIPS)
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS, skips=STATELESS_SKIPS)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 
