@@ -15,6 +15,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from properties.deviations import Checker
 from properties.examples import Example, named_tensors, same_values, slots
+from properties.oracle import owner_of
+from strategies import tree_info
 
 
 def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -> Callable:
@@ -296,3 +298,29 @@ def conversion_named(name: str):
     from strategies.conversions import CONVERSIONS
 
     return next(c for c in CONVERSIONS if c.name == name)
+
+
+def identity_preserving_clones(values: Any) -> dict[int, Any]:
+    """One clone per distinct object, so names that shared an object still share one."""
+    return {id(v): clone_value(v) for v in values}
+
+
+def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any) -> tuple[nn.Module, dict]:
+    """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it."""
+    copy = tree_info(module).build()
+    clones = identity_preserving_clones(filled.values())
+    for name, value in filled.items():
+        owner, key = owner_of(copy, name)
+        load_into(owner, key, clones[id(value)])
+    return copy, fresh_kwargs(call)
+
+
+def fresh_kwargs(call: Any) -> dict[str, Any]:
+    """The call's kwargs with a new ``report`` list, so runs do not share one."""
+    return {k: ([] if k == "report" else v) for k, v in call.kwargs.items()}
+
+
+def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any) -> Outcome:
+    """What forward does on a loaded copy: the spec's model of the call's result."""
+    copy, kwargs = loaded_copy(module, filled, call)
+    return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))

@@ -26,24 +26,47 @@ import torch
 class Deviation:
     """A known, reproduced way a target departs from the spec.
 
-    - ``property_id``: the property it concerns (``"APPLY-TIES"``).
+    - ``property_id``: the property it concerns (``"APPLY-TIES"``), or a tuple of them.
     - ``applies``: a predicate over the drawn example (``properties.examples.Example``),
       evaluated before the target runs, that is true exactly where the deviation shows.
-    - ``observed``: the clause code the target violates there.
+    - ``observed``: the clause code the target violates there, or a tuple of codes of
+      which the example must violate at least one (one bug, several symptoms).
     - ``reason``: why, with a link and a minimal repro.
     - ``torch_versions``: ``(lowest, below)`` bounds on ``torch.__version__`` where the
       deviation holds (``None`` for no bound), for deviations of some torch releases only.
+    - ``always``: True when every example in the region shows the behaviour (checked per
+      example). False when it shows in some only, for a reason no predicate can see (a
+      freed TensorImpl address reused): then it is stale when a whole test's examples in
+      the region never show it.
     """
 
-    property_id: str
+    property_id: str | tuple[str, ...]
     applies: Callable[[Any], bool]
-    observed: str
+    observed: str | tuple[str, ...]
     reason: str
     torch_versions: tuple[str | None, str | None] = (None, None)
+    always: bool = True
+
+    @property
+    def key(self) -> str:
+        """A short stable name for counting: the clauses and the reason's first words."""
+        return f"{'|'.join(self.clauses)}: {self.reason[:60]}"
+
+    @property
+    def property_ids(self) -> tuple[str, ...]:
+        return _as_tuple(self.property_id)
+
+    @property
+    def clauses(self) -> tuple[str, ...]:
+        return _as_tuple(self.observed)
 
     def holds_for_installed_torch(self) -> bool:
         """Whether the installed torch falls inside ``torch_versions``."""
         return version_in_range(torch.__version__, *self.torch_versions)
+
+
+def _as_tuple(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def version_in_range(version: str, lowest: str | None, below: str | None) -> bool:
@@ -74,6 +97,10 @@ class Violation:
 
 # Observed deviations in this process: (property_id, target_name, clause) -> examples.
 OBSERVED: Counter[tuple[str, str, str]] = Counter()
+# For ``always=False`` declarations: (property_id, target_name, key) -> examples in the
+# region, and -> examples that showed the behaviour.
+IN_REGION: Counter[tuple[str, str, str]] = Counter()
+SHOWN: Counter[tuple[str, str, str]] = Counter()
 
 
 @dataclass
@@ -89,7 +116,7 @@ class Checker:
     def __post_init__(self) -> None:
         self.declared = [
             d for d in self.target.deviations
-            if d.property_id == self.property_id
+            if self.property_id in d.property_ids
             and d.holds_for_installed_torch()
             and d.applies(self.example)
         ]
@@ -103,9 +130,14 @@ class Checker:
     def verdict(self, repro: Callable[[list[Violation]], str] | None = None) -> None:
         """Pass, count declared deviations, or raise ``ConformanceError`` with a repro."""
         violated = {v.clause for v in self.violations}
-        declared = {d.observed for d in self.declared}
+        declared = {c for d in self.declared for c in d.clauses}
         unexplained = [v for v in self.violations if v.clause not in declared]
-        stale = [d for d in self.declared if d.observed not in violated]
+        stale = [d for d in self.declared if d.always and not violated & set(d.clauses)]
+        for d in self.declared:
+            if not d.always:
+                key = (self.property_id, self.target.name, d.key)
+                IN_REGION[key] += 1
+                SHOWN[key] += bool(violated & set(d.clauses))
         if not unexplained and not stale:
             for clause in violated:
                 OBSERVED[(self.property_id, self.target.name, clause)] += 1
@@ -116,7 +148,7 @@ class Checker:
         lines = [f"{self.property_id} on target {self.target.name!r}:"]
         lines += [f"  broken rule [{v.clause}]: {v.message}" for v in unexplained]
         lines += [
-            f"  stale deviation [{d.observed}]: declared ({d.reason.splitlines()[0]}) but the "
+            f"  stale deviation [{'|'.join(d.clauses)}]: declared ({d.reason.splitlines()[0]}) but the "
             "target now follows the spec here; remove or narrow the declaration"
             for d in stale
         ]

@@ -135,15 +135,26 @@ def _restore(state: dict[str, object]) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     before = Counter(deviations.OBSERVED)
+    region, shown = Counter(deviations.IN_REGION), Counter(deviations.SHOWN)
     try:
         return (yield)
     finally:
         item.swapspec_deviations = dict(Counter(deviations.OBSERVED) - before)
+        hits = Counter(deviations.IN_REGION) - region
+        seen = Counter(deviations.SHOWN) - shown
+        item.swapspec_stale = [key for key in hits if not seen[key]]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
+    stale = getattr(item, "swapspec_stale", None)
+    if report.when == "call" and report.passed and stale:
+        report.outcome = "failed"
+        report.longrepr = "\n".join(
+            f"stale deviation: {key[2]!r} of {key[0]} on {key[1]}: its region was hit "
+            f"{deviations.IN_REGION[key]} time(s) in this process and never showed the behaviour"
+            for key in stale)
     pid, target = property_id(item), _target_of(item)
     if pid is not None and target is not None:
         counts = getattr(item, "swapspec_deviations", {}) if report.when == "call" else {}

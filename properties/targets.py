@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from properties.torch_deviations import TORCH_DEVIATIONS
-from properties.xla_deviations import XLA_DEVIATIONS
 from torch import nn
 
 import reference
 from properties.deviations import Deviation
+from properties.torch_deviations import TORCH_DEVIATIONS
+from properties.xla_deviations import XLA_DEVIATIONS
 
 BUILTIN_NAMES = ("reference", "torch", "torch-stateless")
 

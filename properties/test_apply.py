@@ -254,6 +254,9 @@ def test_apply_calls_fn_once_per_tensor(target, module, conversion, flags):
                    "times on one tensor object")
         check.that(wanted <= set(calls), "fn-skipped",
                    f"fn never ran on {len(wanted - set(calls))} tensor(s)")
+        check.that(set(calls) <= wanted, "fn-on-result",
+                   f"fn ran on {len(set(calls) - wanted)} object(s) the module did not hold "
+                   "(a result converted again)")
     _verdict(check, example, target)
 
 

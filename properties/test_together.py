@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from hypothesis import assume, given
@@ -73,6 +74,7 @@ def test_apply_inside_forward_leaves_original_intact(target, data):
     clones = {id(t): t.detach().clone() for t in registered.values()}
     fresh = {n: clones[id(t)] for n, t in registered.items()}  # aliases share one clone
     call = data.draw(call_inputs(module), label="call")
+    call = dataclasses.replace(call, tensors=fresh, tie_weights=False, strict=False)
     example = Example(module, conversion=to_meta, flags=flags, call=call)
     check = Checker("TOGETHER-APPLY-IN-FORWARD", target, example)
     before = module_state(module)
@@ -82,8 +84,8 @@ def test_apply_inside_forward_leaves_original_intact(target, data):
 
     handle = module.register_forward_pre_hook(convert_inside, with_kwargs=True)
     try:
-        attempt(lambda: target.functional_call(module, fresh, call.args, call.kwargs,
-                                               tie_weights=False))
+        attempt(lambda: target.functional_call(module, call.tensors, call.args, call.kwargs,
+                                               tie_weights=call.tie_weights))
     finally:
         handle.remove()
     check_untouched(check, before, module, "original-changed")

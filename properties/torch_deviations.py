@@ -1,11 +1,410 @@
 """Deviations of the ``torch`` and ``torch-stateless`` targets from the spec, as data.
 
-Each entry was observed with the suite, reduced to a minimal repro, and is kept in
-its ``reason``. A declaration that stops being observed fails the run (stale).
+Each entry was observed with the suite, reduced to a minimal repro (kept in its
+``reason``), and given a predicate that describes exactly the examples where torch
+shows it. A declaration that stops being observed fails the run as stale: that is how a
+fix in a new torch release shows up.
+
+The predicates model torch's own decisions from the module before the call: which
+path ``_apply`` takes for each parameter, how often its traversal visits a module,
+which names ``functional_call`` swaps into one slot.
 """
 
 from __future__ import annotations
 
-from properties.deviations import Deviation
+from typing import Any
 
-TORCH_DEVIATIONS: tuple[Deviation, ...] = ()
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from properties.common import attempt, clone_value, is_uninitialized, loaded_copy
+from properties.deviations import Deviation
+from properties.examples import Example, alias_groups, named_tensors
+from properties.oracle import (
+    ExpectedError,
+    expand,
+    merge_inputs,
+    owner_of,
+    slot_of,
+    tie_groups,
+)
+
+# ---- facts about torch's _apply ---------------------------------------------------------
+
+
+def torch_visits(module: nn.Module) -> dict[int, int]:
+    """How many times ``module._apply`` runs on each submodule.
+
+    ``_apply`` recurses through ``children()``, which drops repeats within one parent
+    only, so a submodule shared by two parents is converted twice.
+    """
+    visits: dict[int, int] = {}
+
+    def walk(m: nn.Module) -> None:
+        visits[id(m)] = visits.get(id(m), 0) + 1
+        for child in m.children():
+            walk(child)
+
+    walk(module)
+    return visits
+
+
+def _scope(example: Example) -> list[nn.Module]:
+    module = example.module
+    if not example.recurse:
+        return [module]
+    return list({id(m): m for m in module.modules()}.values())
+
+
+def _params(example: Example) -> list[nn.Parameter]:
+    found = [p for m in _scope(example) for p in m._parameters.values() if p is not None]
+    return list({id(p): p for p in found}.values())
+
+
+def _buffers(example: Example) -> list[Tensor]:
+    found = [b for m in _scope(example) for b in m._buffers.values() if b is not None]
+    return list({id(b): b for b in found}.values())
+
+
+def _results(example: Example, tensors: list[Tensor]) -> list[tuple[Tensor, Any]]:
+    """(tensor, what a fresh ``fn`` returns for it); ``fn`` is out of place or identity."""
+    fn = example.conversion.make_fn()
+    with torch.no_grad():
+        return [(t, fn(t)) for t in tensors]
+
+
+def torch_path(example: Example, param: Tensor, applied: Any) -> str:
+    """The path torch's ``_apply`` takes for one parameter."""
+    if example.flags.swap or is_traceable_wrapper_subclass(applied):
+        return "swap"
+    if torch._has_compatible_shallow_copy_type(param, applied) and not example.flags.overwrite:
+        return "set_data"
+    return "overwrite"
+
+
+def _is_subclassed(p: Tensor) -> bool:
+    return type(p) is not nn.Parameter or bool(p.__dict__)
+
+
+def swap_refuses_subclass(example: Example) -> bool:
+    """Swap or overwrite path on a ``Parameter`` subclass whose ``fn`` returns it unchanged.
+
+    Both paths wrap the result as ``Parameter(fn(p))``, which refuses an instance of a
+    ``Parameter`` subclass, so ``_apply`` raises.
+    """
+    return any(type(p) is not nn.Parameter and applied is p
+               and torch_path(example, p, applied) != "set_data"
+               for p, applied in _results(example, _params(example)))
+
+
+def drops_parameter_class(example: Example) -> bool:
+    """A ``Parameter`` subclass or attribute-carrying parameter takes swap or overwrite
+    with a new tensor from ``fn``: torch rebuilds a plain ``Parameter``."""
+    return not swap_refuses_subclass(example) and any(
+        _is_subclassed(p) and applied is not p and torch_path(example, p, applied) != "set_data"
+        and not is_traceable_wrapper_subclass(applied)
+        for p, applied in _results(example, _params(example)))
+
+
+def _distinct_slots(example: Example, registry: str) -> dict[int, int]:
+    """How many distinct (module, key) slots hold each tensor in ``registry``."""
+    counts: dict[int, int] = {}
+    for m in _scope(example):
+        for t in getattr(m, registry).values():
+            if t is not None:
+                counts[id(t)] = counts.get(id(t), 0) + 1
+    return counts
+
+
+def overwrite_splits_tied_parameters(example: Example) -> bool:
+    """A parameter held by two slots takes the overwrite path: each slot gets its own copy."""
+    held = _distinct_slots(example, "_parameters")
+    return not swap_refuses_subclass(example) and any(
+        held[id(p)] > 1 and torch_path(example, p, applied) == "overwrite"
+        for p, applied in _results(example, _params(example)))
+
+
+def rebinding_splits_tied_buffers(example: Example) -> bool:
+    """A buffer held by two slots, with ``fn`` returning a new tensor: one result per slot."""
+    held = _distinct_slots(example, "_buffers")
+    return not swap_refuses_subclass(example) and any(
+        held[id(b)] > 1 and applied is not b for b, applied in _results(example, _buffers(example)))
+
+
+def _slot_counts(example: Example, registry: str) -> dict[int, int]:
+    """How many times torch's traversal meets each tensor in ``registry`` slots."""
+    visits = torch_visits(example.module)
+    counts: dict[int, int] = {}
+    for m in _scope(example):
+        times = visits[id(m)] if example.recurse else 1
+        for t in getattr(m, registry).values():
+            if t is not None:
+                counts[id(t)] = counts.get(id(t), 0) + times
+    return counts
+
+
+def converts_some_tensor_twice(example: Example) -> bool:
+    """Some tensor is met twice by torch's traversal (a tie, or a module visited twice)."""
+    if swap_refuses_subclass(example):
+        return False
+    counts = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
+    return any(n > 1 for n in counts.values())
+
+
+def _converts_result_again(example: Example, tensors: list[Tensor]) -> bool:
+    """Some tensor's second conversion is applied to its first result.
+
+    That happens on the set_data and swap paths (the object itself changed) whenever the
+    tensor is met twice, and on every path when its module is visited twice.
+    """
+    if swap_refuses_subclass(example):
+        return False
+    met = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
+    visits = torch_visits(example.module)
+    twice_visited = {id(t) for m in _scope(example) if visits[id(m)] > 1
+                     for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}
+    params = {id(p) for p in _params(example)}
+    for t, applied in _results(example, tensors):
+        in_place = id(t) in params and torch_path(example, t, applied) != "overwrite"
+        if (in_place and met.get(id(t), 0) > 1) or id(t) in twice_visited:
+            return True
+    return False
+
+
+def non_idempotent_twice(example: Example) -> bool:
+    """``add(1)`` applied twice to some tensor: its value ends ``+2``."""
+    if example.conversion.name != "add(1)":
+        return False
+    return _converts_result_again(example, [*_params(example), *_buffers(example)])
+
+
+def non_idempotent_twice_on_grads(example: Example) -> bool:
+    """``add(1)`` applied twice to a parameter that has a grad: the grad ends ``+2``."""
+    if example.conversion.name != "add(1)":
+        return False
+    with_grad = [p for p in _params(example) if p.grad is not None]
+    return _converts_result_again(example, with_grad)
+
+
+def torch_call_order(example: Example) -> list[Tensor]:
+    """The tensors torch's ``_apply`` passes to ``fn``, in order, repeats included."""
+    order: list[Tensor] = []
+
+    def walk(m: nn.Module) -> None:
+        if example.recurse or m is example.module:
+            children = list(m.children()) if example.recurse else []
+            for child in children:
+                walk(child)
+            for p in m._parameters.values():
+                if p is not None:
+                    order.extend([p] + ([p.grad] if p.grad is not None else []))
+            order.extend(b for b in m._buffers.values() if b is not None)
+
+    walk(example.module)
+    return order
+
+
+def commits_before_raising(example: Example) -> bool:
+    """torch's first ``fn`` call succeeds before the raising one, so it committed something.
+
+    ``raise_on(k)`` raises on call k, and ``t + 1`` raises at once on an uninitialized
+    parameter; ``_apply`` commits each tensor right after its call.
+    """
+    k = example.conversion.raises_on
+    order = torch_call_order(example)
+    first_failure = next((i for i, t in enumerate(order) if is_uninitialized(t)), len(order))
+    return min(k - 1, first_failure) >= 1
+
+
+def swaps_twice_back(example: Example) -> bool:
+    """A swapped parameter is met an even number of times: its ``_cdata`` swaps back."""
+    if swap_refuses_subclass(example):
+        return False
+    counts = _slot_counts(example, "_parameters")
+    return any(counts[id(p)] % 2 == 0 and torch_path(example, p, applied) == "swap"
+               for p, applied in _results(example, _params(example)))
+
+
+# ---- facts about torch's functional_call ------------------------------------------------
+
+
+def _filled(example: Example) -> dict[str, Any] | None:
+    call = example.call
+    given = merge_inputs(call.tensors)
+    if isinstance(given, ExpectedError):
+        return None
+    filled = expand(example.module, given, call.tie_weights)
+    return None if isinstance(filled, ExpectedError) else filled
+
+
+def partial_tie_group_key_error(example: Example) -> bool:
+    """``tie_weights=True`` and a tie group of 3+ names has 2+ but not all names given.
+
+    torch's ``_untie_named_tensors_map`` then reads a name that was not given: KeyError.
+    """
+    call = example.call
+    given = merge_inputs(call.tensors)
+    if not call.tie_weights or isinstance(given, ExpectedError):
+        return False
+    groups = {frozenset(g) for g in tie_groups(example.module).values()}
+    return any(len(g) >= 3 and 2 <= len(g & set(given)) < len(g) for g in groups)
+
+
+def swaps_one_slot_twice(example: Example) -> bool:
+    """Two filled names reach one slot (a shared submodule) with a value that is not the
+    slot's own tensor: torch records the first swap's value as the "original" of the
+    second and restores it last, so the module keeps a given tensor."""
+    if partial_tie_group_key_error(example):
+        return False
+    filled = _filled(example)
+    if filled is None:
+        return False
+    module = example.module
+    names_by_slot: dict[Any, list[str]] = {}
+    for name in filled:
+        names_by_slot.setdefault(slot_of(module, name), []).append(name)
+    registered = named_tensors(module)
+    return any(len(names) > 1 and any(filled[n] is not registered.get(n) for n in names)
+               for slot, names in names_by_slot.items() if slot is not None)
+
+
+def tuple_rebind_lost(example: Example) -> bool:
+    """A tuple of dicts gives a buffer that forward rebinds: torch merges the dicts into a
+    new one and writes the rebound tensor back there, so the caller never sees it.
+
+    Whether forward rebinds a given buffer is read off the spec's model of the call: a
+    fresh copy of the module with the given tensors loaded, run once.
+    """
+    call = example.call
+    if isinstance(call.tensors, dict) or partial_tie_group_key_error(example):
+        return False
+    given, filled = merge_inputs(call.tensors), _filled(example)
+    if isinstance(given, ExpectedError) or filled is None:
+        return False
+    if any(is_uninitialized(v) for v in filled.values()):
+        return False
+    copy, kwargs = loaded_copy(example.module, filled, call)
+    loaded = {n: owner_of(copy, n) for n, v in given.items() if isinstance(v, Tensor)}
+    before = {n: getattr(o, k, None) for n, (o, k) in loaded.items()}
+    attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
+    return any(getattr(o, k, None) is not before[n] for n, (o, k) in loaded.items())
+
+
+def slot_conflict_ignored(example: Example) -> bool:
+    """``tie_weights=False`` and two names of one shared slot carry different objects."""
+    filled = _filled(example)
+    if filled is None or example.call.tie_weights:
+        return False
+    from properties.oracle import slot_conflict
+
+    return slot_conflict(example.module, filled) is not None
+
+
+def has_alias_groups(example: Example) -> bool:
+    return bool(alias_groups(example.module))
+
+
+APPLY_IDS = ("APPLY-PATH", "APPLY-NO-SET-DATA-ACROSS-IMPL", "APPLY-VALUES",
+             "APPLY-PARAMETER-IDENTITY", "APPLY-GRADS", "APPLY-NONE-SLOTS", "APPLY-TIES",
+             "APPLY-FN-ONCE", "APPLY-RECURSE-FALSE", "APPLY-ROUND-TRIP")
+
+SHARED_SLOT = (
+    "functional_call swaps a shared submodule's slot once per name and restores in the same "
+    "order, so the last restore puts a given tensor back (or raises KeyError). Repro: "
+    "lin = nn.Linear(2, 2); m = nn.Sequential(lin, lin); W = lin.weight; "
+    "torch.func.functional_call(m, {'0.weight': torch.zeros(2, 2)}, (torch.ones(1, 2),)); "
+    "assert lin.weight is W  # fails")
+PARTIAL_TIES = (
+    "With tie_weights=True, a tie group of 3+ names with 2+ (not all) given makes "
+    "_untie_named_tensors_map read a name that was not given: KeyError. Repro: "
+    "m = nn.Module(); m.a = nn.Parameter(torch.ones(1)); m.b = m.a; m.c = m.a; "
+    "m.forward = lambda x: x; t = torch.zeros(1); "
+    "torch.func.functional_call(m, {'a': t, 'b': t}, (t,))  # KeyError: 'c'")
+
+TORCH_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        APPLY_IDS, swap_refuses_subclass, "raised",
+        "The swap and overwrite paths build `Parameter(fn(p))`; when fn returns a Parameter "
+        "subclass instance unchanged (float() on a float32 one), Parameter() refuses it "
+        "(`Creating a Parameter from an instance of type P requires that detach() returns an "
+        "instance of the same type`) and _apply raises halfway. Repro: "
+        "class P(nn.Parameter): pass; m = nn.Linear(2, 2); m.weight = P(m.weight.detach()); "
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); m.float()"),
+    Deviation(
+        "APPLY-PARAMETER-IDENTITY", drops_parameter_class, ("class", "attributes"),
+        "The swap and overwrite paths rebuild a plain `Parameter(fn(p), requires_grad)`: "
+        "Parameter subclasses (and lazy modules' UninitializedParameter) and instance "
+        "attributes are lost. Repro: p = nn.Parameter(torch.ones(2)); p.tag = 'x'; "
+        "m = nn.Module(); m.p = p; torch.__future__.set_overwrite_module_params_on_conversion(True); "
+        "m.double(); assert hasattr(m.p, 'tag')  # fails"),
+    Deviation(
+        "APPLY-TIES", overwrite_splits_tied_parameters, "parameter-tie-split",
+        "_apply keeps no memo: on the overwrite path each slot of a tied parameter gets its "
+        "own new Parameter (pytorch/xla weight-tying docs). Repro: m = nn.Module(); "
+        "m.a = nn.Parameter(torch.ones(2)); m.b = m.a; "
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); m.double(); "
+        "assert m.a is m.b  # fails"),
+    Deviation(
+        "APPLY-TIES", rebinding_splits_tied_buffers, "buffer-tie-split",
+        "Buffers are rebound per slot, `self._buffers[k] = fn(buf)`, so a buffer registered "
+        "under two names ends as two tensors. Repro: m = nn.Module(); "
+        "m.register_buffer('a', torch.ones(2)); m.register_buffer('b', m.a); m.double(); "
+        "assert m.a is m.b  # fails"),
+    Deviation(
+        "APPLY-FN-ONCE", converts_some_tensor_twice, ("fn-repeated", "fn-on-result"),
+        "_apply keeps no memo and recurses through children(), which drops repeats within "
+        "one parent only: a tied tensor, or a module shared by two parents, is converted "
+        "once per encounter. Repro: m = nn.Module(); m.a = nn.Parameter(torch.ones(2)); "
+        "m.b = m.a; calls = []; m._apply(lambda t: calls.append(t) or t); "
+        "assert len(calls) == 1  # 2"),
+    Deviation(
+        "APPLY-VALUES", non_idempotent_twice, "value",
+        "Converted twice (see APPLY-FN-ONCE), a non-idempotent fn is applied to its own "
+        "result: `t + 1` ends as `t + 2`. Repro: m = nn.Module(); "
+        "m.a = nn.Parameter(torch.zeros(1)); m.b = m.a; m._apply(lambda t: t + 1); "
+        "assert m.a.item() == 1  # 2.0"),
+    Deviation(
+        "APPLY-GRADS", non_idempotent_twice_on_grads, "grad-value",
+        "A tied parameter's grad is converted once per slot too: `g + 1` ends as `g + 2`. "
+        "Repro: as APPLY-VALUES with m.a.grad = torch.zeros(1); m.a.grad.item() == 2.0"),
+    Deviation(
+        "APPLY-PATH", swaps_twice_back, "path-swap", always=False, reason=
+        "A parameter met twice on the swap path is swapped twice; the second new TensorImpl "
+        "can reuse the address the first swap freed, so its _cdata may end where it started, "
+        "as if set_data had run (only sometimes: it depends on the allocator). Repro: "
+        "leaf = nn.Linear(2, 2); m = nn.ModuleList([nn.ModuleList([leaf]), "
+        "nn.ModuleList([leaf])]); c = leaf.weight._cdata; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.float(); "
+        "assert leaf.weight._cdata != c  # fails when the address is reused"),
+    Deviation(
+        "APPLY-ATOMIC", commits_before_raising,
+        ("value-changed", "slot-changed", "grad-changed"),
+        "_apply commits each tensor as soon as fn returns, so an error on the k-th tensor "
+        "leaves the first k-1 converted. Repro: m = nn.Linear(2, 2); n = [0]; "
+        "def fn(t):\n n[0] += 1\n if n[0] == 2: raise ValueError\n return t.double(); "
+        "m._apply(fn) raises, and m.weight.dtype is float64"),
+    Deviation(
+        ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice, "not-restored",
+        SHARED_SLOT),
+    Deviation("TOGETHER-APPLY-IN-FORWARD", swaps_one_slot_twice, "original-changed",
+              SHARED_SLOT),
+    Deviation("FC-TIES", slot_conflict_ignored, ("slot-conflict", "touched-on-error"),
+              "With tie_weights=False torch does not notice two names of one shared slot "
+              "given different objects; the last one wins and the slot is not restored. "
+              + SHARED_SLOT),
+    Deviation(("FC-VISIBLE", "FC-TIES"), partial_tie_group_key_error, "raised", PARTIAL_TIES),
+    Deviation("FC-STRICT", partial_tie_group_key_error, ("strict-error", "raised"),
+              PARTIAL_TIES),
+    Deviation("FC-BAD-INPUT", partial_tie_group_key_error, "wrong-error", PARTIAL_TIES),
+    Deviation("FC-ORACLE", partial_tie_group_key_error, "output", PARTIAL_TIES),
+    Deviation("FC-WRITE-BACK", partial_tie_group_key_error, "forward-outcome", PARTIAL_TIES),
+    Deviation(
+        "FC-WRITE-BACK", tuple_rebind_lost, "rebind-lost",
+        "torch.func.functional_call merges a tuple of dicts into a new dict, so a buffer "
+        "rebound in forward is written back to that temporary dict, not to the caller's. "
+        "Repro: class B(nn.Module):\n def __init__(s): super().__init__(); "
+        "s.register_buffer('b', torch.zeros(1))\n def forward(s, x): s.b = s.b + 1; return x; "
+        "d = {'b': torch.zeros(1)}; torch.func.functional_call(B(), (d,), (torch.ones(1),)); "
+        "d['b'] is still the zeros tensor"),
+)

@@ -1,0 +1,1 @@
+"""Planted targets for swapspec's own tests: copies of the reference with known bugs."""

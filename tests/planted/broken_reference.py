@@ -1,0 +1,101 @@
+"""Targets that wrap ``reference`` with one planted bug each, for ``tests/test_plugin.py``.
+
+Select one with ``--swapspec-target=tests.planted.broken_reference:<attribute>``.
+
+- ``tie_split``: ``apply`` converts like the reference, then splits every parameter that
+  sits in two distinct (module, key) slots (fact ``tied-parameter``): the later slots
+  get a new object. Breaks APPLY-TIES (clause ``parameter-tie-split``).
+- ``tie_split_declared``: the same bug, declared exactly as a deviation.
+- ``no_restore``: ``functional_call`` copies the reference's but does not put the
+  original parameters back after the call. Breaks FC-RESTORE (``not-restored``).
+- ``stale``: the reference itself, declaring a deviation it does not have.
+- ``not_a_target``: an object without ``apply``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+import reference
+from properties.deviations import Deviation
+from reference.functional_call import (
+    _check_one_value_per_slot,
+    _check_strict,
+    _expand_ties,
+    _merge,
+    _refuse_jitted,
+    _resolve_slots,
+    _restore,
+    _swap_in,
+    _write_back,
+)
+
+
+def _split_copy(param: torch.Tensor) -> nn.Parameter:
+    try:
+        return nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad)
+    except Exception:  # uninitialized or exotic parameters: any other object splits the tie
+        return nn.Parameter(torch.empty(0), requires_grad=False)
+
+
+def tie_splitting_apply(module, fn, *, overwrite, swap, recurse=True):
+    """The reference's apply, then every tied parameter's later slots get a new object."""
+    reference.apply(module, fn, overwrite=overwrite, swap=swap, recurse=recurse)
+    seen: dict[int, tuple[int, str]] = {}
+    for m in {id(m): m for m in module.modules()}.values():
+        for key, p in list(m._parameters.items()):
+            if p is None:
+                continue
+            first = seen.setdefault(id(p), (id(m), key))
+            if first != (id(m), key):
+                m._parameters[key] = _split_copy(p)
+    return module
+
+
+def parameter_keeping_functional_call(module, tensors, args=None, kwargs=None, *,
+                                      tie_weights=True, strict=False):
+    """The reference's functional_call, but given parameters stay in the module afterwards."""
+    given, sources = _merge(tensors)
+    _refuse_jitted(module)
+    args = () if args is None else args if isinstance(args, tuple) else (args,)
+    kwargs = {} if kwargs is None else kwargs
+    named = _expand_ties(module, given) if tie_weights else dict(given)
+    _check_one_value_per_slot(module, named)
+    if strict:
+        _check_strict(module, named)
+    slots = _resolve_slots(module, named)
+    originals = _swap_in(slots)
+    try:
+        return module(*args, **kwargs)
+    finally:
+        # planted bug: parameter slots are not put back
+        restored = [(s, o) for s, o in zip(slots, originals, strict=True) if s.kind != "_parameters"]
+        rebound = _restore([s for s, _ in restored], [o for _, o in restored])
+        _write_back(rebound, slots, given, sources)
+
+
+TIE_SPLIT = Deviation(
+    "APPLY-TIES", lambda example: example.has("tied-parameter"), "parameter-tie-split",
+    "planted: tie_splitting_apply gives each later slot of a tied parameter a new object",
+)
+
+tie_split = SimpleNamespace(name="broken-tie-split", apply=tie_splitting_apply,
+                            functional_call=reference.functional_call)
+
+tie_split_declared = SimpleNamespace(name="declared-tie-split", apply=tie_splitting_apply,
+                                     functional_call=reference.functional_call,
+                                     deviations=[TIE_SPLIT])
+
+no_restore = SimpleNamespace(name="broken-no-restore", apply=reference.apply,
+                             functional_call=parameter_keeping_functional_call)
+
+stale = SimpleNamespace(
+    name="stale-declaration", apply=reference.apply, functional_call=reference.functional_call,
+    deviations=[Deviation("APPLY-TIES", lambda example: True, "parameter-tie-split",
+                          "planted: the reference never splits ties, so this is stale")],
+)
+
+not_a_target = SimpleNamespace(name="half-a-target", functional_call=reference.functional_call)

@@ -1,0 +1,394 @@
+"""End-to-end tests of swapspec's pytest plugin: targets, deviations, report, profiles, isolation.
+
+Each test runs pytest in a subprocess. The expensive runs (real properties) are shared
+by module-scoped fixtures: one run with planted targets, once serially and once under
+``-n 2``, selects single test ids so it stays a few seconds long.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from properties.plugin import render_cell
+
+REPO = Path(__file__).resolve().parents[1]
+PLANTED = "tests.planted.broken_reference"
+TIES = "properties/test_apply.py::test_apply_keeps_ties"
+FORMS = "properties/test_functional_call.py::test_fc_input_forms"
+TARGETS = ",".join(["reference", "torch-stateless", f"{PLANTED}:tie_split",
+                    f"{PLANTED}:tie_split_declared", f"{PLANTED}:stale"])
+MIXED = [f"{TIES}[reference]", f"{TIES}[broken-tie-split]", f"{TIES}[declared-tie-split]",
+         f"{TIES}[stale-declaration]", f"{FORMS}[torch-stateless]"]
+STATELESS_REASON = ("torch-stateless declares a skip for FC-INPUT-FORMS: "
+                    "torch.nn.utils.stateless.functional_call takes a single dict only")
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    report: dict | None = None
+    outcomes: dict[str, tuple[str, str]] | None = None  # junit name -> (outcome, text)
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SWAPSPEC_", "PYTEST_", "HYPOTHESIS_"))}
+    env.update(PYTHONPATH=str(REPO), HYPOTHESIS_STORAGE_DIRECTORY=str(tmp / "hypothesis"),
+               COLUMNS="200", **extra)
+    return env
+
+
+def run_pytest(tmp: Path, *args: str, cwd: Path = REPO, timeout: int = 120,
+               **env: str) -> Run:
+    """``python -m pytest -p no:cacheprovider *args`` in ``cwd``, SWAPSPEC_* unset but ``env``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=cwd, env=_env(tmp, **env), capture_output=True, text=True, timeout=timeout,
+    )
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _junit_outcomes(path: Path) -> dict[str, tuple[str, str]]:
+    outcomes = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome, text = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome, text = child.tag, (child.get("message") or "") + (child.text or "")
+                break
+        outcomes[case.get("name")] = (outcome, text)
+    return outcomes
+
+
+def _planted_run(tmp: Path, *extra: str) -> Run:
+    report, junit = tmp / "r.json", tmp / "junit.xml"
+    run = run_pytest(tmp, *MIXED, f"--swapspec-target={TARGETS}", "-p", "tests.planted.fast_profile",
+                     f"--swapspec-report={report}", f"--junitxml={junit}", "-rA", *extra)
+    if report.exists():
+        run.report = json.loads(report.read_text())
+    if junit.exists():
+        run.outcomes = _junit_outcomes(junit)
+    return run
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Run:
+    return _planted_run(tmp_path_factory.mktemp("planted"))
+
+
+@pytest.fixture(scope="module")
+def planted_xdist(tmp_path_factory) -> Run:
+    return _planted_run(tmp_path_factory.mktemp("planted-xdist"), "-n", "2")
+
+
+def parse_table(output: str) -> tuple[str, dict[str, dict[str, str]]]:
+    """The torch version line and ``{property: {target: cell}}`` of the printed table."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if "swapspec conformance report" in line]
+    assert len(starts) == 1, f"want the report printed once, found {len(starts)}"
+    i = starts[0] + 1
+    version = lines[i]
+    header = [c.strip() for c in lines[i + 1].split(" | ")]
+    assert header[0] == "property"
+    assert set(lines[i + 2]) <= {"-", "+"}
+    table = {}
+    for line in lines[i + 3:]:
+        if not line.strip() or line.startswith(("=", "swapspec: wrote")):
+            break
+        cells = [c.strip() for c in line.split(" | ")]
+        assert len(cells) == len(header), line
+        table[cells[0]] = dict(zip(header[1:], cells[1:], strict=True))
+    return version, table
+
+
+# ---- 1. a planted bug fails the run with a runnable repro ------------------------------
+
+
+def _failure_text(run: Run, target: str) -> str:
+    assert run.outcomes is not None
+    outcome, text = run.outcomes[f"test_apply_keeps_ties[{target}]"]
+    assert outcome == "failure", (outcome, run.output[-3000:])
+    return text
+
+
+def extract_repro(output: str) -> str:
+    """The script after 'Standalone repro' in the terminal failure section (``E`` lines)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("E") and "Standalone repro" in line)
+    body = []
+    for line in lines[start + 1:]:
+        if not line.startswith("E"):
+            break
+        text = line[8:] if len(line) > 8 else ""
+        if text.startswith(("Failing test case", "Falsifying", "Explanation", "You can reproduce")):
+            break
+        body.append(text)
+    return "\n".join(body).strip() + "\n"
+
+
+def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
+    assert planted.returncode == 1, planted.output[-3000:]
+    text = _failure_text(planted, "broken-tie-split")
+    assert "APPLY-TIES on target 'broken-tie-split'" in text
+    assert "broken rule [parameter-tie-split]" in text
+    assert "Standalone repro" in text
+    section = planted.stdout.split("test_apply_keeps_ties[broken-tie-split]", 1)[1]
+    assert "broken rule [parameter-tie-split]" in section
+    assert f"load_target('{PLANTED}:tie_split')" in section
+
+
+RUN_BOTH = """
+import sys
+src = sys.stdin.read()
+for label, code in (("planted", src), ("reference", src.replace(sys.argv[1], "reference"))):
+    try:
+        exec(compile(code, label, "exec"), {"__name__": "__main__"})
+    except AssertionError as e:
+        print(label, "AssertionError:", e)
+    else:
+        print(label, "ran clean")
+"""
+
+
+def test_printed_repro_runs_and_shows_the_bug_only_on_the_planted_target(planted, tmp_path):
+    section = planted.stdout.split("_ test_apply_keeps_ties[broken-tie-split] _", 1)[1]
+    repro = extract_repro(section)
+    assert repro.count(f"{PLANTED}:tie_split") == 1
+    assert repro.rstrip().splitlines()[-1].startswith("assert ")
+    proc = subprocess.run([sys.executable, "-c", RUN_BOTH, f"{PLANTED}:tie_split"], input=repro,
+                          cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    assert re.fullmatch(r"planted AssertionError: tied parameter names \[.+\] now hold [2-9] objects",
+                        lines[0]), lines[0]
+    assert lines[1] == "reference ran clean"
+
+
+# ---- 2. and 3. stale and covered deviations --------------------------------------------
+
+
+def test_stale_deviation_fails(planted):
+    text = _failure_text(planted, "stale-declaration")
+    assert "stale deviation [parameter-tie-split]" in text
+    assert "planted: the reference never splits ties" in text
+    assert "broken rule" not in text
+
+
+def test_observed_declared_deviation_passes_and_is_counted(planted):
+    assert planted.outcomes["test_apply_keeps_ties[declared-tie-split]"][0] == "passed"
+    assert planted.outcomes["test_apply_keeps_ties[reference]"][0] == "passed"
+    _, table = parse_table(planted.stdout)
+    cell = table["APPLY-TIES"]["declared-tie-split"]
+    assert re.fullmatch(r"deviation \(parameter-tie-splitx[1-9]\d*\)", cell), cell
+    json_cell = planted.report["table"]["APPLY-TIES"]["declared-tie-split"]
+    assert json_cell["status"] == "deviation"
+    assert json_cell["deviations"]["parameter-tie-split"] >= 1
+    assert table["APPLY-TIES"]["reference"] == "pass"
+    assert table["APPLY-TIES"]["broken-tie-split"] == "fail"
+    assert table["APPLY-TIES"]["stale-declaration"] == "fail"
+
+
+# ---- 4. the JSON report matches the table, serially and under xdist --------------------
+
+
+def _check_report_matches_table(run: Run) -> None:
+    assert run.report is not None, run.output[-3000:]
+    version, table = parse_table(run.stdout)
+    assert version == f"torch {run.report['torch']}"
+    want = run.report["table"]
+    assert set(table) == set(want) == {"APPLY-TIES", "FC-INPUT-FORMS"}
+    targets = {t for row in want.values() for t in row}
+    assert targets == {"reference", "torch-stateless", "broken-tie-split",
+                       "declared-tie-split", "stale-declaration"}
+    for pid, row in table.items():
+        assert set(row) == targets
+        for target, shown in row.items():
+            expected = render_cell(want[pid][target]) if target in want[pid] else "-"
+            assert shown == expected, (pid, target)
+    assert table["FC-INPUT-FORMS"]["reference"] == "-"
+    assert all(cell["tests"] == 1 for row in want.values() for cell in row.values())
+
+
+def test_json_report_matches_terminal_table(planted):
+    _check_report_matches_table(planted)
+
+
+def test_json_report_matches_terminal_table_under_xdist(planted_xdist, planted):
+    assert planted_xdist.returncode == 1, planted_xdist.output[-3000:]
+    assert re.search(r"\b2 workers\b|created: 2/2 workers", planted_xdist.output)
+    _check_report_matches_table(planted_xdist)
+    assert planted_xdist.report["table"] == planted.report["table"]
+
+
+# ---- 5. a bad target string is a usage error -------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("nosuch", "ERROR: swapspec: unknown built-in target 'nosuch'; choose one of reference, "
+               "torch, torch-stateless or give package.module:attribute"),
+    ("nosuch.module:x", "ERROR: swapspec: cannot load target 'nosuch.module:x': "
+                        "ModuleNotFoundError: No module named 'nosuch'"),
+])
+def test_bad_target_is_one_line_usage_error(tmp_path, spec, message):
+    run = run_pytest(tmp_path, TIES, f"--swapspec-target={spec}")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.output
+    assert "Traceback" not in run.output
+    assert [line for line in run.stderr.splitlines() if line.strip()] == [message]
+    assert "collected" not in run.stdout
+
+
+# ---- 6. skips are data ---------------------------------------------------------------------
+
+
+def test_declared_skip_shows_in_table_with_reason(planted):
+    assert planted.outcomes["test_fc_input_forms[torch-stateless]"][0] == "skipped"
+    _, table = parse_table(planted.stdout)
+    assert table["FC-INPUT-FORMS"]["torch-stateless"] == f"skipped ({STATELESS_REASON})"
+    cell = planted.report["table"]["FC-INPUT-FORMS"]["torch-stateless"]
+    assert (cell["status"], cell["reason"]) == ("skipped", STATELESS_REASON)
+
+
+# ---- 7. profiles -------------------------------------------------------------------------
+
+
+HOST_CONFTEST = """
+from hypothesis import settings
+
+settings.register_profile("host", max_examples=7)
+settings.load_profile("host")
+"""
+
+PROBE = """
+from hypothesis import settings
+
+
+def test_probe():
+    s = settings.default
+    print(f"PROFILE max_examples={s.max_examples} derandomize={s.derandomize}")
+"""
+
+
+@pytest.fixture
+def host_project(tmp_path: Path) -> Path:
+    """A project with its own ini and its own loaded Hypothesis profile (max_examples=7)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text(HOST_CONFTEST)
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    return tmp_path
+
+
+def _profile_line(run: Run) -> str:
+    lines = [line for line in run.stdout.splitlines() if "PROFILE " in line]
+    assert len(lines) == 1, run.output[-3000:]
+    return lines[0].split("PROFILE ", 1)[1]
+
+
+@pytest.mark.parametrize(("args", "env", "want"), [
+    ((), {}, "max_examples=7 derandomize=False"),
+    (("--swapspec-profile=swapspec-ci",), {}, "max_examples=40 derandomize=True"),
+    ((), {"SWAPSPEC_PROFILE": "swapspec-thorough"}, "max_examples=400 derandomize=False"),
+], ids=["none", "option", "env"])
+def test_profile_selection(host_project, args, env, want):
+    run = run_pytest(host_project, "-p", "properties.plugin", "-s", "test_probe.py", *args,
+                     cwd=host_project, **env)
+    assert run.returncode == 0, run.output[-3000:]
+    assert _profile_line(run) == want
+
+
+def test_unknown_profile_is_usage_error(host_project):
+    run = run_pytest(host_project, "-p", "properties.plugin", "test_probe.py",
+                     "--swapspec-profile=nosuch", cwd=host_project)
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.output
+    assert "Traceback" not in run.output
+    assert "swapspec: unknown profile 'nosuch'; choose one of swapspec-dev, swapspec-ci, " \
+           "swapspec-thorough" in run.stderr
+
+
+# ---- 8. isolation ----------------------------------------------------------------------------
+
+
+ISOLATION = """
+import random
+
+import torch
+
+import reference
+
+torch.manual_seed(1234)
+random.seed(99)
+TORCH_RNG = torch.get_rng_state()
+PY_RNG = random.getstate()
+
+
+def test_a_leaks_everything_and_fails():
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    reference.set_swap_module_params_on_conversion(True)
+    reference.set_overwrite_module_params_on_conversion(True)
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    torch.manual_seed(0)
+    random.seed(0)
+    raise AssertionError("planted failure")
+
+
+def test_b_sees_everything_restored():
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+    assert not torch.__future__.get_overwrite_module_params_on_conversion()
+    assert not reference.get_swap_module_params_on_conversion()
+    assert not reference.get_overwrite_module_params_on_conversion()
+    assert torch.get_default_dtype() == torch.float32
+    assert torch.is_grad_enabled()
+    assert torch.equal(torch.get_rng_state(), TORCH_RNG)
+    assert random.getstate() == PY_RNG
+
+
+def test_c_leaks_only_dtype():
+    torch.set_default_dtype(torch.float64)
+
+
+def test_d_changes_only_rng():
+    torch.rand(3)
+    random.random()
+"""
+
+
+def test_isolation_restores_and_names_leaks(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_iso.py").write_text(textwrap.dedent(ISOLATION))
+    junit = tmp_path / "junit.xml"
+    run = run_pytest(tmp_path, "-p", "properties.plugin", "test_iso.py", f"--junitxml={junit}", cwd=tmp_path)
+    assert run.returncode == 1, run.output[-3000:]
+    summary = run.stdout.splitlines()[-1]
+    assert "1 failed, 3 passed, 2 errors" in summary, summary
+    leaked_all = ("test leaked global state (now restored): ['default dtype', 'grad mode', "
+                  "'reference overwrite flag', 'reference swap flag', 'torch overwrite flag', "
+                  "'torch swap flag']")
+    assert leaked_all in run.stdout
+    assert "test leaked global state (now restored): ['default dtype']" in run.stdout
+    errors = re.findall(r"ERROR at teardown of (\w+)", run.stdout)
+    assert errors == ["test_a_leaks_everything_and_fails", "test_c_leaks_only_dtype"]
+    cases = ET.parse(junit).getroot().iter("testcase")
+    # test_b passing shows that everything, the RNGs included, was put back after a failure
+    passed = [c.get("name") for c in cases
+              if not any(x.tag in ("failure", "error", "skipped") for x in c)]
+    assert passed == ["test_b_sees_everything_restored", "test_d_changes_only_rng"]
