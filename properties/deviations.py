@@ -14,6 +14,7 @@ declarations that apply to this example:
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,9 +78,13 @@ def version_in_range(version: str, lowest: str | None, below: str | None) -> boo
     return below is None or release < _release(below)
 
 
-def _release(version: str) -> tuple[int, ...]:
-    digits = version.split("+")[0].split(".")
-    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in digits[:3])
+def _release(version: str) -> tuple[int, int, int]:
+    """``major.minor.patch`` as numbers; missing parts are 0, suffixes (rc1, +cpu) ignored."""
+    match = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", version)
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    major, minor, patch = (int(g or 0) for g in match.groups())
+    return major, minor, patch
 
 
 class ConformanceError(AssertionError):

@@ -101,16 +101,28 @@ def _owners(module, names) -> dict[str, tuple]:
 def test_fc_restores_module(target, data):
     """After the call, returned or raised, every slot holds its original object and no attribute remains.
 
-    Values of replaced originals are untouched. Origin: PR #92536 restores in ``finally``;
-    the old implementations leaked on exceptions.
+    Values of replaced originals are untouched. Half the examples raise inside forward (a
+    pre-hook raises ``ForwardError``), half draw bad input sometimes. Origin: PR #92536
+    restores in ``finally``; the old implementations leaked on exceptions.
     """
-    module, call, example, check = _draw(data, "FC-RESTORE", target, invalid=True)
+    raise_in_forward = data.draw(st.booleans(), label="raise in forward")
+    module, call, example, check = _draw(data, "FC-RESTORE", target,
+                                         invalid=data.draw(st.booleans(), label="invalid"))
     before = module_state(module)
     filled = _expected(module, call)
-    _call(target, module, call)
+    handle = module.register_forward_pre_hook(_raise_forward_error) if raise_in_forward else None
+    try:
+        _call(target, module, call)
+    finally:
+        if handle is not None:
+            handle.remove()
     check_untouched(check, before, module, "not-restored", values_of=_replaced(module, call),
                     names=_filled_slot_names(module, filled))
     _verdict(check, example, target)
+
+
+def _raise_forward_error(module, args):
+    raise ForwardError("raised by FC-RESTORE's pre-hook")
 
 
 def _filled_slot_names(module, filled) -> set[str] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from properties.deviations import Deviation
@@ -36,6 +37,20 @@ def tied_buffer(module: nn.Module) -> bool:
                 return True
             seen.setdefault(id(b), (id(m), key))
     return False
+
+
+def parameter_subclass_returned_as_is(example: Any) -> bool:
+    """Swap or overwrite flag, and ``fn`` returns some ``Parameter``-subclass parameter itself.
+
+    Both paths wrap ``fn(p)`` as ``Parameter(fn(p))``, which refuses a subclass instance; on
+    XLA->XLA (TensorImpl-compatible) only the flags lead there.
+    """
+    if not (example.flags.swap or example.flags.overwrite):
+        return False
+    fn = example.conversion.make_fn()
+    params = {id(p): p for p in example.module.parameters()}.values()
+    with torch.no_grad():
+        return any(type(p) is not nn.Parameter and fn(p) is p for p in params)
 
 
 def _not_swap(example: Any) -> bool:
@@ -104,6 +119,24 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
             "torch.__future__.set_swap_module_params_on_conversion(True)  # or not\n"
             "m.to(xla)\n"
             "assert not hasattr(m.weight, 'tag')"
+        ),
+        torch_versions=TORCH_XLA,
+    ),
+    Deviation(
+        "XLA-DTYPE-PATH",
+        applies=parameter_subclass_returned_as_is,
+        observed="raised",
+        reason=(
+            "Not XLA-specific (CPU too, torch 2.9 and 2.13): under the swap or overwrite flag, "
+            "_apply wraps fn(p) as Parameter(fn(p)); when fn returns a Parameter-subclass p "
+            "unchanged (float() on a float32 one) Parameter() refuses it ('Creating a Parameter "
+            "from an instance of type Tagged requires that detach() returns an instance of the "
+            "same type') and _apply raises 'Couldn't swap'.\n"
+            + _PREFIX
+            + "class Tagged(nn.Parameter): pass\n"
+            "m = nn.Linear(2, 2); m.weight = Tagged(m.weight.detach().to(xla))\n"
+            "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+            "m.float()  # RuntimeError: _apply(): Couldn't swap Linear.weight"
         ),
         torch_versions=TORCH_XLA,
     ),

@@ -13,7 +13,8 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
 * ``to_empty(device=d)`` is ``torch.empty_like(t, device=d)``; ``share_memory()`` is ``t.share_memory_()`` and
   ``cpu()`` on a CPU tensor return their argument.
 * ``to_sparse()`` is ``t.to_sparse()`` (sparse COO; works for every dtype and shape the trees draw, 0-d included).
-* ``TwoTensor`` wraps floating tensors as ``TwoTensor(t, t.clone())`` (a traceable wrapper subclass, so
+* ``TwoTensor`` wraps floating tensors as ``TwoTensor(t.detach(), t.detach().clone())`` (both halves must agree on
+  ``requires_grad``) (a traceable wrapper subclass, so
   ``_apply`` takes the swap path whatever the flags; ``_has_compatible_shallow_copy_type`` says True for it).
 * ``add(1)`` is ``t + 1`` (not idempotent; bool becomes int64). ``raise_on(k=K)`` is ``add(1)`` that raises
   :class:`ConversionError` on the K-th call (1-based) of that fresh fn: out of place, so a half-done conversion shows.
@@ -120,7 +121,7 @@ CONVERSIONS: tuple[Conversion, ...] = (
     _to("meta", None, "to('meta')", preserves_values=False, changes_impl=True, device="meta"),
     Conversion("to_empty(device='meta')", "lambda t: torch.empty_like(t, device='meta')", preserves_values=False, changes_impl=True, device="meta"),
     Conversion("to_sparse()", "lambda t: t.to_sparse()", changes_impl=True),
-    Conversion("TwoTensor", "lambda t: TwoTensor(t, t.clone()) if t.is_floating_point() else t"),
+    Conversion("TwoTensor", "lambda t: TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() else t"),
     Conversion("cuda()", "lambda t: t.cuda()", device="cuda", lazy_safe=True),
     _to("cuda", "torch.float16", "to('cuda', torch.float16)", device="cuda", lazy_safe=True),
     _to("xla", None, "to('xla')", changes_impl=True, device="xla"),

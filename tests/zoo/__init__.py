@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+ref_fc = importlib.import_module("reference.functional_call")  # the module, not the function
+
 ZOO = (
     "old_set_data",
     "ignores_overwrite_flag",
@@ -68,14 +70,38 @@ def prepare_call(module: Any, tensors: Any, args: Any, kwargs: Any, *, tie_weigh
                  strict: bool) -> PreparedCall:
     """The reference's rules 1-5 (input forms, ties, one value per slot, strict, bad input),
     unchanged, for zoo targets that break only how tensors are swapped in or restored."""
-    from reference import functional_call as ref
 
-    given, sources = ref._merge(tensors)
-    ref._refuse_jitted(module)
+    given, sources = ref_fc._merge(tensors)
+    ref_fc._refuse_jitted(module)
     args = () if args is None else args if isinstance(args, tuple) else (args,)
     kwargs = {} if kwargs is None else kwargs
-    named = ref._expand_ties(module, given) if tie_weights else dict(given)
-    ref._check_one_value_per_slot(module, named)
+    named = ref_fc._expand_ties(module, given) if tie_weights else dict(given)
+    ref_fc._check_one_value_per_slot(module, named)
     if strict:
-        ref._check_strict(module, named)
-    return PreparedCall(given, sources, args, kwargs, ref._resolve_slots(module, named))
+        ref_fc._check_strict(module, named)
+    return PreparedCall(given, sources, args, kwargs, ref_fc._resolve_slots(module, named))
+
+
+# ---- pytest plugin (``-p tests.zoo``): run only some properties -------------------------
+
+PROPERTIES_ENV = "SWAPSPEC_ZOO_PROPERTIES"
+
+
+def pytest_collection_modifyitems(config: Any, items: list) -> None:
+    """With ``SWAPSPEC_ZOO_PROPERTIES=ID,ID`` set, deselect every property test not listed.
+
+    Items without a property marker (plain unit tests) are deselected too; without the
+    variable nothing changes.
+    """
+    import os
+
+    wanted = {p for p in os.environ.get(PROPERTIES_ENV, "").split(",") if p}
+    if not wanted:
+        return
+    from properties.plugin import property_id
+
+    keep = [item for item in items if property_id(item) in wanted]
+    dropped = [item for item in items if property_id(item) not in wanted]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep

@@ -15,12 +15,11 @@ from typing import Any
 from torch import nn
 
 import reference
-from reference import functional_call as ref
 from tests.zoo import FC_PATHS, ZooTarget, prepare_call
+from tests.zoo import ref_fc as ref
 
 ORIGIN = "class-swapping stateless.functional_call (pytorch #92295)"
-CAUGHT_BY = frozenset({"FC-VISIBLE", "FC-ORACLE", "FC-GRADIENTS", "FC-TIES", "FC-INPUT-FORMS",
-                       "FC-WRITE-BACK"})
+CAUGHT_BY = frozenset({"FC-VISIBLE", "FC-ORACLE"})
 PATHS = FC_PATHS
 
 

@@ -14,12 +14,11 @@ from typing import Any
 from torch import nn
 
 import reference
-from reference import functional_call as ref
 from tests.zoo import FC_PATHS, ZooTarget, prepare_call
+from tests.zoo import ref_fc as ref
 
 ORIGIN = "functorch make_functional: delattr + setattr (given tensors become plain attributes)"
-CAUGHT_BY = frozenset({"FC-VISIBLE", "FC-ORACLE", "FC-GRADIENTS", "FC-TIES", "FC-INPUT-FORMS",
-                       "FC-WRITE-BACK"})
+CAUGHT_BY = frozenset({"FC-VISIBLE", "FC-ORACLE"})
 PATHS = FC_PATHS
 
 _ABSENT: Any = object()

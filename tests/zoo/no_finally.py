@@ -1,8 +1,8 @@
 """Zoo: ``functional_call`` that restores the module only when forward returns normally.
 
-Origin: hand-rolled reparametrization without ``try/finally`` (the pre-#92536 helpers
-restored after ``yield`` in a context manager without ``finally``); PR #92536 restores in
-``finally``. If forward raises, the given tensors stay in the module.
+Origin: hand-rolled reparametrization that restores after forward without ``try/finally``
+(FC-RESTORE's docstring: "the old implementations leaked on exceptions"); PR #92536
+restores in ``finally``. If forward raises, the given tensors stay in the module.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from torch import nn
 
 import reference
-from reference import functional_call as ref
 from tests.zoo import FC_PATHS, ZooTarget, prepare_call
+from tests.zoo import ref_fc as ref
 
 ORIGIN = "restore only on normal return (no finally)"
 CAUGHT_BY = frozenset({"FC-RESTORE"})

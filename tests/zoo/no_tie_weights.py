@@ -14,7 +14,7 @@ import reference
 from tests.zoo import FC_PATHS, ZooTarget
 
 ORIGIN = "functional_call without weight tying (pytorch #86708)"
-CAUGHT_BY = frozenset({"FC-TIES", "FC-VISIBLE", "FC-ORACLE"})
+CAUGHT_BY = frozenset({"FC-TIES"})
 PATHS = FC_PATHS
 
 

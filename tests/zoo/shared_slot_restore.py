@@ -14,11 +14,11 @@ from typing import Any
 from torch import nn
 
 import reference
-from reference import functional_call as ref
 from tests.zoo import FC_PATHS, ZooTarget, prepare_call
+from tests.zoo import ref_fc as ref
 
 ORIGIN = "torch 2.13 _reparametrize_module: per-name swap leaves a given tensor in a shared slot"
-CAUGHT_BY = frozenset({"FC-RESTORE", "TOGETHER-CONVERTED-CALL", "TOGETHER-APPLY-IN-FORWARD"})
+CAUGHT_BY = frozenset({"FC-RESTORE", "TOGETHER-CONVERTED-CALL"})
 PATHS = FC_PATHS
 
 

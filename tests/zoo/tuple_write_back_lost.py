@@ -13,8 +13,8 @@ from typing import Any
 from torch import nn
 
 import reference
-from reference import functional_call as ref
 from tests.zoo import FC_PATHS, ZooTarget
+from tests.zoo import ref_fc as ref
 
 ORIGIN = "torch 2.13 torch.func.functional_call: tuple-of-dicts write-back lost"
 CAUGHT_BY = frozenset({"FC-WRITE-BACK"})
