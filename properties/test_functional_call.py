@@ -41,7 +41,7 @@ from properties.oracle import (
     tie_groups,
 )
 from properties.repro import call_repro
-from strategies import call_inputs, module_trees, tree_info
+from strategies import ForwardError, call_inputs, module_trees, tree_info
 
 trees = module_trees()
 
