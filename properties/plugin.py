@@ -142,7 +142,8 @@ def pytest_runtest_call(item: pytest.Item):
         item.swapspec_deviations = dict(Counter(deviations.OBSERVED) - before)
         hits = Counter(deviations.IN_REGION) - region
         seen = Counter(deviations.SHOWN) - shown
-        item.swapspec_stale = [key for key in hits if not seen[key]]
+        item.swapspec_stale = [key for key, n in hits.items()
+                               if n >= deviations.SOMETIMES_MIN_REGION and not seen[key]]
 
 
 @pytest.hookimpl(wrapper=True)

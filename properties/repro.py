@@ -29,7 +29,7 @@ def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     """A script that converts the example's module on ``target`` and shows the broken rule."""
     flags = example.flags
     lines = [*PRELUDE, *_tree_lines(example.module)]
-    lines += ["before = named(module)", f"fn = {example.conversion.repro}"]
+    lines += ["before = named(module)", *example.conversion.source("fn").splitlines()]
     call = (f"module._apply(fn, recurse={example.recurse})" if target.name.startswith("torch")
             else f"target.apply(module, fn, overwrite={flags.overwrite}, swap={flags.swap}, "
                  f"recurse={example.recurse})")

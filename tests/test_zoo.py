@@ -3,7 +3,9 @@
 Each run is a subprocess ``pytest`` of the real property files under
 ``--swapspec-profile=swapspec-ci`` with a JSON report; a zoo run is restricted (``-p tests.zoo``
 and ``SWAPSPEC_ZOO_PROPERTIES``) to the properties its module declares in ``CAUGHT_BY``,
-to keep shrinking affordable. Figures: ``python -m tests.zoo.measure``.
+and runs without the shrink phase (``SWAPSPEC_ZOO_NO_SHRINK``: same verdict, derandomized
+generation is unchanged), to stay affordable. Figures, with shrinking:
+``python -m tests.zoo.measure``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.zoo import PROPERTIES_ENV, ZOO, selector, zoo_module
+from tests.zoo import NO_SHRINK_ENV, PROPERTIES_ENV, ZOO, selector, zoo_module
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
@@ -26,10 +28,12 @@ def run_suite(target: str, paths: tuple[str, ...], report: Path,
               properties: frozenset[str] = frozenset()) -> tuple[int, dict, str]:
     """Run the suite on ``target``; return (exit code, JSON report table, output tail).
 
-    The child gets a clean environment: no inherited ``SWAPSPEC_*``/``PYTEST_*`` settings.
+    The child gets a clean environment: no inherited ``SWAPSPEC_*``/``PYTEST_*`` settings,
+    no repro scripts, no shrinking.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SWAPSPEC_", "PYTEST_"))}
     env["SWAPSPEC_NO_REPRO"] = "1"
+    env[NO_SHRINK_ENV] = "1"
     if properties:
         env[PROPERTIES_ENV] = ",".join(sorted(properties))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.zoo",

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 ref_fc = importlib.import_module("reference.functional_call")  # the module, not the function
 
 ZOO = (
@@ -85,6 +87,25 @@ def prepare_call(module: Any, tensors: Any, args: Any, kwargs: Any, *, tie_weigh
 # ---- pytest plugin (``-p tests.zoo``): run only some properties -------------------------
 
 PROPERTIES_ENV = "SWAPSPEC_ZOO_PROPERTIES"
+NO_SHRINK_ENV = "SWAPSPEC_ZOO_NO_SHRINK"
+
+
+@pytest.hookimpl(trylast=True)  # after properties.plugin has loaded --swapspec-profile
+def pytest_configure(config: Any) -> None:
+    """With ``SWAPSPEC_ZOO_NO_SHRINK=1``, drop the shrink (and explain) phases from the loaded
+    profile, keeping everything else. Whether a derandomized run fails is decided in the
+    generate phase, so this changes the reported counterexample and the time, not the verdict.
+    """
+    import os
+
+    if os.environ.get(NO_SHRINK_ENV) != "1":
+        return
+    from hypothesis import Phase, settings
+
+    settings.register_profile("swapspec-zoo-no-shrink", settings(
+        settings.default, phases=[Phase.explicit, Phase.reuse, Phase.generate]))
+    settings.load_profile("swapspec-zoo-no-shrink")
+
 
 
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
