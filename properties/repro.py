@@ -2,11 +2,12 @@
 
 A repro rebuilds the drawn module from its spec, runs the same call on the same target,
 and asserts each broken clause with a line of code, so it can be pasted into a bug report.
-Run it from the swapspec checkout (it imports the tree builder from ``strategies``).
+It imports the tree builder from ``strategies``, so it puts the checkout on ``sys.path``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +16,11 @@ from torch import Tensor
 from properties.deviations import Violation
 from strategies import tree_info
 
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+
 PRELUDE = [
+    "import sys",
+    f"sys.path.insert(0, {REPO_ROOT!r})  # the swapspec checkout, for its tree builder",
     "import torch",
     "",
     "def named(m):  # every name of every parameter and buffer, aliases included",
