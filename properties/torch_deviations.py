@@ -418,7 +418,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
               "given different objects; the last one wins and the slot is not restored. "
               + SHARED_SLOT),
     Deviation(("FC-VISIBLE", "FC-TIES"), partial_tie_group_key_error, ("raised", "tie-conflict"),
-              PARTIAL_TIES, torch_versions=("2.13", None)),
+              PARTIAL_TIES),
     Deviation("FC-STRICT", partial_tie_group_key_error, ("strict-error", "raised"),
               PARTIAL_TIES),
     Deviation("FC-BAD-INPUT", partial_tie_group_key_error, "wrong-error", PARTIAL_TIES),
