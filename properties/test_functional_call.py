@@ -7,6 +7,7 @@ Origin of the design: pytorch PR #92536 (swap tensors straight into ``_parameter
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -325,6 +326,10 @@ def test_fc_write_back(target, data):
     dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
     """
     module, call, example, check = _draw(data, "FC-WRITE-BACK", target, clonable=True)
+    if data.draw(st.booleans(), label="split into two dicts"):
+        call = _split(call, data.draw(st.integers(0, len(call.merged())), label="split at"))
+        example = Example(module, call=call)
+        check = Checker("FC-WRITE-BACK", target, example)
     filled = _expected(module, call)
     assume(not isinstance(filled, ExpectedError))
     given = merge_inputs(call.tensors)
@@ -351,6 +356,13 @@ def test_fc_write_back(target, data):
                        f"forward rebound {name!r} but the caller's mapping did not get the new object",
                        code=f"tensors_source[{name!r}] is not given")
     _verdict(check, example, target)
+
+
+def _split(call, cut: int):
+    """The call with its tensors as two disjoint dicts, cut at ``cut``."""
+    items = list(call.merged().items())
+    return dataclasses.replace(call, tensors=(dict(items[:cut]), dict(items[cut:])),
+                               form="tuple-disjoint")
 
 
 def _sources(tensors) -> dict[str, dict]:
