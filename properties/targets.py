@@ -9,7 +9,9 @@ A target is any object (a module qualifies) with:
 and optionally the data the suite reads next to it:
 
 - ``deviations``: a sequence of ``properties.deviations.Deviation`` it is known to have;
-- ``skips``: a mapping ``{property_id: reason}`` of properties that do not apply to it.
+- ``skips``: a mapping ``{property_id: reason}`` of properties that do not apply to it;
+- ``call_forms``: the ``tensors`` forms its ``functional_call`` takes (default: a dict, and
+  tuples of dicts); the properties draw only these.
 
 Select one with ``SWAPSPEC_TARGET`` or ``--swapspec-target``: a built-in name or
 ``package.module:attribute``. With neither, every built-in target runs.
@@ -49,6 +51,7 @@ class Target:
     deviations: tuple[Deviation, ...] = ()
     skips: Mapping[str, str] = field(default_factory=dict)
     spec: str = ""  # the string that selects it, for repros; defaults to ``name``
+    call_forms: tuple[str, ...] = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
 
     @property
     def selector(self) -> str:
@@ -98,7 +101,8 @@ def builtin_target(name: str) -> Target:
                       deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS, skips=STATELESS_SKIPS)
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS, skips=STATELESS_SKIPS,
+                      call_forms=("dict",))
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 
@@ -114,6 +118,7 @@ def from_object(obj: Any) -> Target:
         str(obj.name), obj.apply, obj.functional_call,
         deviations=tuple(getattr(obj, "deviations", ())),
         skips=dict(getattr(obj, "skips", {})),
+        **({"call_forms": tuple(obj.call_forms)} if hasattr(obj, "call_forms") else {}),
     )
 
 

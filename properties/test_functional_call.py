@@ -50,7 +50,7 @@ trees = module_trees()
 def _draw(data, property_id: str, target, *, clonable=False, **options):
     """Draw a module and a call; ``clonable`` rules out giving uninitialized parameters."""
     module = data.draw(trees, label="module")
-    call = data.draw(call_inputs(module, **options), label="call")
+    call = data.draw(call_inputs(module, forms=target.call_forms, **options), label="call")
     if clonable:
         assume(not any(is_uninitialized(v) for v in call.merged().values()))
     example = Example(module, call=call)
@@ -326,7 +326,7 @@ def test_fc_write_back(target, data):
     dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
     """
     module, call, example, check = _draw(data, "FC-WRITE-BACK", target, clonable=True)
-    if data.draw(st.booleans(), label="split into two dicts"):
+    if "tuple-disjoint" in target.call_forms and data.draw(st.booleans(), label="split"):
         call = _split(call, data.draw(st.integers(0, len(call.merged())), label="split at"))
         example = Example(module, call=call)
         check = Checker("FC-WRITE-BACK", target, example)
@@ -399,7 +399,7 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     assume(not call.kwargs.get("fail"))
     params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
     given = {n: _leaf(v) if n in params else v for n, v in call.merged().items()}
-    tensors = given if isinstance(call.tensors, dict) else (given,)
+    tensors = given if isinstance(call.tensors, dict) else (given,)  # the form drawn
     filled = _expected(module, call, tensors)
     assume(not isinstance(filled, ExpectedError))
     registered = named_tensors(module)

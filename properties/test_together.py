@@ -40,7 +40,7 @@ def test_functional_call_on_converted_module(target, data):
     outcome = attempt(lambda: target.apply(module, conversion.make_fn(), overwrite=flags.overwrite,
                                            swap=flags.swap))
     assume(outcome.error is None)
-    call = data.draw(call_inputs(module), label="call")
+    call = data.draw(call_inputs(module, forms=target.call_forms), label="call")
     example = Example(module, conversion=conversion, flags=flags, call=call)
     check = Checker("TOGETHER-CONVERTED-CALL", target, example)
     before = module_state(module)
@@ -73,7 +73,7 @@ def test_apply_inside_forward_leaves_original_intact(target, data):
     assume(not any(is_uninitialized(t) for t in registered.values()))
     clones = {id(t): t.detach().clone() for t in registered.values()}
     fresh = {n: clones[id(t)] for n, t in registered.items()}  # aliases share one clone
-    call = data.draw(call_inputs(module), label="call")
+    call = data.draw(call_inputs(module, forms=target.call_forms), label="call")
     call = dataclasses.replace(call, tensors=fresh, tie_weights=False, strict=False)
     example = Example(module, conversion=to_meta, flags=flags, call=call)
     check = Checker("TOGETHER-APPLY-IN-FORWARD", target, example)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -186,8 +187,11 @@ def _shape(draw: Any, chosen: dict[str, Any], form: str) -> tuple[Any, str]:
     return (chosen,), "tuple-single"
 
 
-def _invalidate(draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator) -> tuple[Any, str]:
-    kind = draw(st.sampled_from(INVALID_KINDS))
+def _invalidate(
+    draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator, forms: Sequence[str]
+) -> tuple[Any, str]:
+    kinds = [k for k in INVALID_KINDS if k != "non-dict-element" or set(forms) - {"dict"}]
+    kind = draw(st.sampled_from(kinds))
     if kind == "non-mapping":
         return 7, kind
     if kind == "non-dict-element":
@@ -204,7 +208,7 @@ def _invalidate(draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, An
 
 @st.composite
 def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool,
-                 strict: bool | None) -> CallInput:
+                 strict: bool | None, forms: Sequence[str]) -> CallInput:
     names = valid_names(module)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     tags: set[str] = set()
@@ -219,10 +223,10 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
         tags.add("shared-path")
     if unknown_names:
         _unknown(draw, module, gen, chosen, tags)
-    tensors, form = _shape(draw, chosen, draw(st.sampled_from(FORMS)))
+    tensors, form = _shape(draw, chosen, draw(st.sampled_from(list(forms))))
     bad = None
     if invalid and _chance(draw, 60):
-        tensors, bad = _invalidate(draw, module, tensors, chosen, gen)
+        tensors, bad = _invalidate(draw, module, tensors, chosen, gen, forms)
         tags.add(f"invalid: {bad}")
     tie_weights = not _chance(draw, 30)
     strict = _chance(draw, 30) if strict is None else strict
@@ -240,7 +244,12 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
 
 
 def call_inputs(
-    module: nn.Module, *, unknown_names: bool = True, invalid: bool = False, strict: bool | None = None
+    module: nn.Module,
+    *,
+    unknown_names: bool = True,
+    invalid: bool = False,
+    strict: bool | None = None,
+    forms: Sequence[str] = FORMS,
 ) -> st.SearchStrategy[CallInput]:
     """Draw a :class:`CallInput` for ``functional_call(module, ...)``.
 
@@ -256,8 +265,10 @@ def call_inputs(
     * ``invalid``: sometimes replace the input by a bad one: a non-tensor value, an empty leaf name
       (``'<path>.'``), a non-mapping ``tensors`` (``7``) or a tuple with a non-dict element.
     * ``strict``: fix ``strict`` to this value instead of drawing it.
+    * ``forms``: the input forms to draw from (default all of ``FORMS``); ``("dict",)`` for an
+      implementation that takes a single dict only.
 
     ``args`` is ``(x,)`` from :func:`forward_inputs`; ``kwargs`` may hold ``fail=True`` and ``report=[]``;
     ``tie_weights`` shrinks to True and ``strict`` to False (torch's defaults).
     """
-    return _call_inputs(module, unknown_names, invalid, strict)
+    return _call_inputs(module, unknown_names, invalid, strict, tuple(forms))

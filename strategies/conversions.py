@@ -116,7 +116,7 @@ CONVERSIONS: tuple[Conversion, ...] = (
         "to(memory_format=torch.channels_last)",
         "lambda t: t.to(None, None, False, memory_format=torch.channels_last) if t.dim() in (4, 5) else t.to(None, None, False)",
     ),
-    Conversion("add(1)", "lambda t: t + 1", preserves_values=False),
+    Conversion("add(1)", "lambda t: t + 1"),
     Conversion("to_empty(device='cpu')", "lambda t: torch.empty_like(t, device='cpu')", preserves_values=False),
     _to("meta", None, "to('meta')", preserves_values=False, changes_impl=True, device="meta"),
     Conversion("to_empty(device='meta')", "lambda t: torch.empty_like(t, device='meta')", preserves_values=False, changes_impl=True, device="meta"),
@@ -131,7 +131,7 @@ CONVERSIONS: tuple[Conversion, ...] = (
 
 def raising_conversion(k: int) -> Conversion:
     """``raise_on(k=k)``: ``t + 1`` that raises :class:`ConversionError` on its k-th call."""
-    return Conversion(f"raise_on(k={k})", f"raise_on({k})", preserves_values=False, raises_on=k)
+    return Conversion(f"raise_on(k={k})", f"raise_on({k})", raises_on=k)
 
 
 def conversions(
