@@ -160,6 +160,6 @@ class Checker:
             for d in stale
         ]
         if repro is not None and os.environ.get("SWAPSPEC_NO_REPRO") != "1":
-            lines += ["", "Standalone repro (run from the swapspec checkout):", "",
+            lines += ["", "Standalone repro (save it as a file and run it with python):", "",
                       repro(unexplained)]
         return "\n".join(lines)

@@ -63,9 +63,11 @@ class Example:
     call: Any = None
     recurse: bool = True
     facts: frozenset[str] = field(default=frozenset(), init=False)
+    names_before: dict[str, Tensor] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.facts = frozenset(module_facts(self.module))
+        self.names_before = named_tensors(self.module)
 
     def has(self, fact: str) -> bool:
         """Whether the module had ``fact`` (see ``module_facts``) before the target ran."""

@@ -47,7 +47,7 @@ def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
 def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     """A script that runs the example's functional call on ``target`` and shows the broken rule."""
     call = example.call
-    own = {id(t): name for name, t in _named(example.module).items()}
+    own = {id(t): name for name, t in example.names_before.items()}
     lines = [*PRELUDE, *_tree_lines(example.module), "before = named(module)"]
     lines.append(f"tensors = {_tensors_code(call.tensors, own)}")
     lines.append(f"args = {_value_code(call.args, own)}")
@@ -67,12 +67,6 @@ def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:
         *_assert_lines(violations),
     ]
     return "\n".join(lines)
-
-
-def _named(module) -> dict[str, Tensor]:
-    from properties.examples import named_tensors
-
-    return named_tensors(module)
 
 
 def _tree_lines(module) -> list[str]:

@@ -31,7 +31,7 @@ from torch import nn
 
 import reference
 from properties.deviations import Deviation
-from properties.torch_deviations import TORCH_DEVIATIONS
+from properties.torch_deviations import STATELESS_DEVIATIONS, TORCH_DEVIATIONS
 from properties.xla_deviations import XLA_DEVIATIONS
 
 BUILTIN_NAMES = ("reference", "torch", "torch-stateless")
@@ -101,7 +101,8 @@ def builtin_target(name: str) -> Target:
                       deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS, skips=STATELESS_SKIPS,
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS,
+                      skips=STATELESS_SKIPS,
                       call_forms=("dict",))
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")

@@ -12,6 +12,7 @@ which names ``functional_call`` swaps into one slot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -23,11 +24,14 @@ from properties.deviations import Deviation
 from properties.examples import Example, alias_groups, named_tensors
 from properties.oracle import (
     ExpectedError,
+    expand,
     expected_outcome,
     merge_inputs,
+    name_error,
     owner_of,
     slot_conflict,
     slot_of,
+    strict_error,
     tie_groups,
 )
 
@@ -237,11 +241,21 @@ def swaps_twice_back(example: Example) -> bool:
 
 
 def _filled(example: Example) -> dict[str, Any] | None:
-    """The names a valid call fills, with their values; None for an invalid call."""
-    call = example.call
-    filled = expected_outcome(example.module, call.tensors, tie_weights=call.tie_weights,
-                              strict=call.strict)
-    return None if isinstance(filled, ExpectedError) else filled
+    """The names torch swaps in, with their values; None when torch refuses the call.
+
+    torch runs the spec's checks except one: it does not notice two names of one shared
+    slot carrying different objects, and swaps both.
+    """
+    call, module = example.call, example.module
+    given = merge_inputs(call.tensors)
+    if isinstance(given, ExpectedError):
+        return None
+    filled = expand(module, given, call.tie_weights)
+    if isinstance(filled, ExpectedError) or (call.strict and strict_error(module, filled)):
+        return None
+    if any(name_error(module, n, v) for n, v in filled.items()):
+        return None
+    return filled
 
 
 def partial_tie_group_key_error(example: Example) -> bool:
@@ -285,8 +299,10 @@ def tuple_rebind_lost(example: Example) -> bool:
     call = example.call
     if isinstance(call.tensors, dict) or partial_tie_group_key_error(example):
         return False
-    given, filled = merge_inputs(call.tensors), _filled(example)
-    if isinstance(given, ExpectedError) or filled is None:
+    given = merge_inputs(call.tensors)
+    filled = expected_outcome(example.module, call.tensors, tie_weights=call.tie_weights,
+                              strict=call.strict)
+    if isinstance(given, ExpectedError) or isinstance(filled, ExpectedError):
         return False
     if any(is_uninitialized(v) for v in filled.values()):
         return False
@@ -311,8 +327,8 @@ def shared_slot_write_back_wrong(example: Example) -> bool:
     torch's restore returns the original for the second key and writes it into the caller's
     dict, so the caller loses its tensor (see SHARED_SLOT)."""
     filled = _filled(example)
-    if filled is None:
-        return False
+    if filled is None or not isinstance(example.call.tensors, dict):
+        return False  # a tuple of dicts: torch writes back into its merged copy instead
     given = merge_inputs(example.call.tensors)
     module = example.module
     buffers = {n for n, _ in module.named_buffers(remove_duplicate=False)}
@@ -345,6 +361,15 @@ PARTIAL_TIES = (
     "m = nn.Module(); m.a = nn.Parameter(torch.ones(1)); m.b = m.a; m.c = m.a; "
     "m.forward = lambda x: x; t = torch.zeros(1); "
     "torch.func.functional_call(m, {'a': t, 'b': t}, (t,))  # KeyError: 'c'")
+
+STATELESS_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        "FC-BAD-INPUT", lambda ex: not isinstance(ex.call.tensors, Mapping), "wrong-error",
+        "torch.nn.utils.stateless.functional_call does not check its input's form: a "
+        "non-mapping fails later with AttributeError. Repro: "
+        "torch.nn.utils.stateless.functional_call(nn.Linear(2, 2), 7, (torch.ones(1, 2),)) "
+        "# AttributeError: 'int' object has no attribute 'keys'"),
+)
 
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
