@@ -141,7 +141,7 @@ def conversions(
 
     * ``devices``: device kinds whose conversions may be drawn (default :func:`~strategies.devices.detected_devices`:
       cpu and meta, plus cuda / xla when present). CPU conversions are always included.
-    * ``raising``: also draw ``raise_on(k=K)`` with K in 1..6 (one more choice after the plain ones).
+    * ``raising``: also draw ``raise_on(k=K)`` (never with ``lazy_safe``) with K in 1..6 (one more choice after the plain ones).
     * ``lazy_safe``: only conversions that work on ``UninitializedParameter`` and keep it uninitialized
       (``half/float/double``, ``to(float64/complex64)``, ``cpu()``, cuda moves).
 
@@ -149,7 +149,7 @@ def conversions(
     """
     allowed = {"cpu", *(detected_devices() if devices is None else devices)}
     plain = [c for c in CONVERSIONS if c.device in allowed and (c.lazy_safe or not lazy_safe)]
-    return _conversions(tuple(plain), raising)
+    return _conversions(tuple(plain), raising and not lazy_safe)
 
 
 @st.composite

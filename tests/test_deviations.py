@@ -33,14 +33,10 @@ def test_version_in_range(version, lowest, below, inside):
     assert version_in_range(version, lowest, below) is inside
 
 
-@pytest.mark.xfail(strict=True, reason="properties.deviations._release reads '0rc1' as patch "
-                   "release 1, so 2.5.0rc1 counts as 2.5.1 (outside a bound below 2.5.1)")
 def test_version_in_range_release_candidate_is_below_next_patch():
     assert version_in_range("2.5.0rc1", None, "2.5.1")
 
 
-@pytest.mark.xfail(strict=True, reason="properties.deviations._release compares tuples of "
-                   "different lengths: (2, 5) < (2, 5, 0), so '2.5' is below lowest '2.5.0'")
 def test_version_in_range_short_version_equals_its_padded_bound():
     assert version_in_range("2.5", "2.5.0", None)
 

@@ -167,17 +167,18 @@ def test_conversion_flags_match_torch(conversion) -> None:
     assert conversion.changes_impl == (not torch._has_compatible_shallow_copy_type(t, out))
     if conversion.preserves_values and out.device.type != "meta":
         dense = out.to_dense() if out.layout != torch.strided else out
-        assert torch.allclose(dense.real.double(), (t + 0).double(), atol=1e-2)
+        shift = 1 if conversion.name == "add(1)" else 0
+        assert torch.allclose(dense.real.double(), (t + shift).double(), atol=1e-2)
 
 
 def test_raise_on_counts_per_fresh_fn() -> None:
     conversion = raising_conversion(2)
     fn = conversion.make_fn()
     t = torch.zeros(1)
-    assert fn(t) is t
+    assert torch.equal(fn(t), t + 1)  # out of place: t + 1
     with pytest.raises(ConversionError):
         fn(t)
-    assert conversion.make_fn()(t) is t  # a fresh fn has a fresh counter
+    assert torch.equal(conversion.make_fn()(t), t + 1)  # a fresh fn has a fresh counter
 
 
 @settings(max_examples=30, deadline=None, database=None)
@@ -225,6 +226,7 @@ def test_simple_call_inputs_run_through_functional_call(data: st.DataObject) -> 
     call: CallInput = data.draw(call_inputs(module, unknown_names=False))
     assume_ok = (
         call.form != "tuple-overlap" and not call.strict and "fail" not in call.kwargs
+        and "tie-one-alias" not in call.features and "tie-several-same" not in call.features
         and "tie-several-different" not in call.features and all(v is not None for v in call.merged().values())
         and "value: other-dtype" not in call.features
     )
