@@ -47,8 +47,11 @@ class Run:
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The child's environment: no swapspec/pytest/Hypothesis settings, and not "in CI"
+    (Hypothesis loads its own ``ci`` profile when ``CI`` is set, which would hide the
+    host-profile behaviour these tests pin)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SWAPSPEC_", "PYTEST_", "HYPOTHESIS_"))}
+           if not k.startswith(("SWAPSPEC_", "PYTEST_", "HYPOTHESIS_")) and k not in ("CI", "TF_BUILD")}
     env.update(PYTHONPATH=str(REPO), HYPOTHESIS_STORAGE_DIRECTORY=str(tmp / "hypothesis"),
                COLUMNS="200", **extra)
     return env
