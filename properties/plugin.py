@@ -202,16 +202,23 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 
 def conformance_table(results: list[dict]) -> dict[str, dict[str, dict]]:
-    """``{property: {target: cell}}``; a cell merges every test of that pair."""
+    """``{property: {target: cell}}``; a cell merges every test of that pair.
+
+    The worst status wins (pass < skipped < deviation < fail) and brings its own reason;
+    ``tests`` counts distinct test ids, however many reports (setup, call, teardown) each sent.
+    """
     table: dict[str, dict[str, dict]] = defaultdict(dict)
     rank = {"pass": 0, "skipped": 1, "deviation": 2, "fail": 3}
+    seen: dict[tuple[str, str], set[str]] = defaultdict(set)
     for r in results:
         cell = table[r["property"]].setdefault(
             r["target"], {"status": "pass", "deviations": {}, "reason": "", "tests": 0})
-        cell["tests"] += 1
+        ids = seen[(r["property"], r["target"])]
+        ids.add(r.get("nodeid", str(len(ids))))
+        cell["tests"] = len(ids)
         if rank[r["status"]] > rank[cell["status"]]:
             cell["status"] = r["status"]
-            cell["reason"] = r["reason"] or cell["reason"]
+            cell["reason"] = r["reason"]
         for clause, n in r["deviations"].items():
             cell["deviations"][clause] = cell["deviations"].get(clause, 0) + n
     return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
