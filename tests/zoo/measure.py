@@ -155,7 +155,9 @@ def run_subprocess(name: str, run_all: bool) -> TargetFigures:
         out = Path(tmp) / "figures.json"
         cmd = [sys.executable, "-m", "tests.zoo.measure", "--one", name, "--out", str(out)]
         cmd += ["--all"] if run_all else []
-        subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        if not out.exists():
+            raise RuntimeError(f"measuring {name} wrote no figures:\n{done.stderr[-2000:]}")
         data = json.loads(out.read_text())
     props = [PropertyFigures(**p) for p in data.pop("properties")]
     return TargetFigures(**data, properties=props)
