@@ -69,6 +69,15 @@ def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome
         tie_weights=call.tie_weights, strict=call.strict))
 
 
+def _call_watched(target, module, call, owners) -> tuple[Any, Outcome]:
+    """Run the call with a pre-hook recording what forward sees; the hook is always removed."""
+    view, handle = watch_forward(module, owners)
+    try:
+        return view, _call(target, module, call)
+    finally:
+        handle.remove()
+
+
 def _verdict(check: Checker, example: Example, target) -> None:
     check.verdict(partial(call_repro, example, target))
 
@@ -170,11 +179,7 @@ def test_fc_given_tensors_visible_in_forward(target, data):
     assume(not isinstance(filled, ExpectedError))
     given = merge_inputs(call.tensors)
     registered = named_tensors(module)
-    view, handle = watch_forward(module, _owners(module, given))
-    try:
-        outcome = _call(target, module, call)
-    finally:
-        handle.remove()
+    view, outcome = _call_watched(target, module, call, _owners(module, given))
     _no_call_error(check, outcome, module, filled, call)
     if view.seen:
         for name, value in given.items():
@@ -248,11 +253,7 @@ def test_fc_tie_rules(target, data):
         check_untouched(check, before, module, "touched-on-error")
         return _verdict(check, example, target)
     want = expected_view(module, filled)
-    view, handle = watch_forward(module, {})
-    try:
-        outcome = _call(target, module, call)
-    finally:
-        handle.remove()
+    view, outcome = _call_watched(target, module, call, {})
     _no_call_error(check, outcome, module, filled, call)
     if view.seen:
         for name in groups:
