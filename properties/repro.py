@@ -47,8 +47,9 @@ def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
 def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     """A script that runs the example's functional call on ``target`` and shows the broken rule."""
     call = example.call
-    own = {id(t): name for name, t in example.names_before.items()}
+    own = {id(t): f"before[{name!r}]" for name, t in example.names_before.items()}
     lines = [*PRELUDE, *_tree_lines(example.module), "before = named(module)"]
+    lines += _shared_value_lines(call.tensors, own)  # one variable per object given twice
     lines.append(f"tensors = {_tensors_code(call.tensors, own)}")
     lines.append(f"args = {_value_code(call.args, own)}")
     lines.append(f"kwargs = {_value_code(call.kwargs, own)}")
@@ -102,6 +103,18 @@ def _assert_lines(violations: list[Violation]) -> list[str]:
     return lines
 
 
+def _shared_value_lines(tensors: Any, own: dict[int, str]) -> list[str]:
+    """Define ``given_<i>`` for each fresh tensor given under two or more names; record it in ``own``."""
+    dicts = [tensors] if isinstance(tensors, dict) else list(tensors) if isinstance(tensors, tuple | list) else []
+    values = [v for d in dicts if isinstance(d, dict) for v in d.values() if isinstance(v, Tensor)]
+    lines = []
+    for v in values:
+        if id(v) not in own and sum(w is v for w in values) > 1:
+            own[id(v)] = f"given_{len(lines)}"
+            lines.append(f"{own[id(v)]} = {_tensor_code(v)}")
+    return lines
+
+
 def _tensors_code(tensors: Any, own: dict[int, str]) -> str:
     if isinstance(tensors, dict):
         return _value_code(tensors, own)
@@ -114,7 +127,7 @@ def _tensors_code(tensors: Any, own: dict[int, str]) -> str:
 def _value_code(value: Any, own: dict[int, str]) -> str:
     """Python source that rebuilds ``value`` (module tensors by name, others by value)."""
     if isinstance(value, Tensor):
-        return (own.get(id(value)) and f"before[{own[id(value)]!r}]") or _tensor_code(value)
+        return own.get(id(value)) or _tensor_code(value)
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {_value_code(v, own)}" for k, v in value.items()) + "}"
     if isinstance(value, tuple):
