@@ -389,6 +389,9 @@ def shared_slot_write_back_wrong(example: Example) -> bool:
     filled = _filled(example)
     if filled is None or not isinstance(example.call.tensors, dict):
         return False  # a tuple of dicts: torch writes back into its merged copy instead
+    shapes = _tie_group_shapes(example)
+    if shapes is not None and shapes[0]:
+        return False  # torch raises the partial-tie KeyError before swapping anything
     given = merge_inputs(example.call.tensors)
     module = example.module
     buffers = {n for n, _ in module.named_buffers(remove_duplicate=False)}
