@@ -111,10 +111,11 @@ def swap_refuses_subclass(example: Example) -> bool:
 
 def drops_parameter_class(example: Example) -> bool:
     """A ``Parameter`` subclass or attribute-carrying parameter takes swap or overwrite
-    with a new tensor from ``fn``: torch rebuilds a plain ``Parameter``."""
+    with a new tensor from ``fn``: torch rebuilds a plain ``Parameter`` (or, for a tensor
+    subclass result such as ``TwoTensor``, that class) without the instance attributes."""
     return not swap_refuses_subclass(example) and any(
         _is_subclassed(p) and applied is not p and torch_path(example, p, applied) != "set_data"
-        and not is_traceable_wrapper_subclass(applied)
+        and (bool(p.__dict__) or not is_traceable_wrapper_subclass(applied))
         for p, applied in _results(example, _params(example)))
 
 
