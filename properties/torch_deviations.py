@@ -230,11 +230,12 @@ def commits_before_raising(example: Example) -> bool:
 
 
 def swaps_twice_back(example: Example) -> bool:
-    """A swapped parameter is met an even number of times: its ``_cdata`` swaps back."""
+    """A swapped parameter is met two or more times: each swap frees a TensorImpl whose
+    address a later swap may reuse, so its ``_cdata`` can end where it started."""
     if swap_refuses_subclass(example):
         return False
     counts = _slot_counts(example, "_parameters")
-    return any(counts[id(p)] % 2 == 0 and torch_path(example, p, applied) == "swap"
+    return any(counts[id(p)] >= 2 and torch_path(example, p, applied) == "swap"
                for p, applied in _results(example, _params(example)))
 
 
