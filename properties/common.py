@@ -143,6 +143,20 @@ def expected_path(param: Tensor, applied: Tensor, overwrite: bool, swap: bool) -
     return "overwrite"
 
 
+def check_path(check: Checker, name: str, before: Tensor, now: Tensor, before_cdata: int,
+               path: str) -> None:
+    """Clause ``path-<path>``: set_data keeps object and ``_cdata``, swap keeps the object
+    with new ``_cdata``, overwrite puts a new object in the slot."""
+    same, cdata_kept = now is before, now._cdata == before_cdata
+    shown = {"set_data": same and cdata_kept, "swap": same and not cdata_kept,
+             "overwrite": not same}[path]
+    check.that(shown, f"path-{path}",
+               f"{name!r} should take the {path} path (object kept: {same}, "
+               f"_cdata kept: {cdata_kept})",
+               code=f"{slot_code(name)} is before[{name!r}]" if path != "overwrite"
+               else f"{slot_code(name)} is not before[{name!r}]")
+
+
 def same_metadata(a: Tensor, b: Tensor) -> bool:
     return (a.dtype, a.device, a.layout, a.shape) == (b.dtype, b.device, b.layout, b.shape)
 

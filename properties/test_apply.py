@@ -13,6 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from properties.common import (
+    check_path,
     conversion_named,
     converted_like,
     distinct,
@@ -64,15 +65,7 @@ def test_apply_path(target, module, conversion, flags):
             if id(before) not in snap.classes:
                 continue  # a buffer: always rebound
             path = expected_path(before, snap.expected[id(before)], flags.overwrite, flags.swap)
-            now = after[name]
-            same, cdata_kept = now is before, now._cdata == snap.cdata[id(before)]
-            shown = {"set_data": same and cdata_kept, "swap": same and not cdata_kept,
-                     "overwrite": not same}[path]
-            check.that(shown, f"path-{path}",
-                       f"{name!r} should take the {path} path (object kept: {same}, "
-                       f"_cdata kept: {cdata_kept})",
-                       code=f"{slot_code(name)} is before[{name!r}]" if path != "overwrite"
-                       else f"{slot_code(name)} is not before[{name!r}]")
+            check_path(check, name, before, after[name], snap.cdata[id(before)], path)
     _verdict(check, example, target)
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import reference
 from properties.common import (
     attempt,
+    check_path,
     conversion_named,
     distinct,
     expected_path,
@@ -262,14 +263,7 @@ def test_xla_dtype_change_path(target, xla, module, conversion, flags):
             if id(before) not in snap.classes:
                 continue
             path = expected_path(before, expected, flags.overwrite, flags.swap)
-            same, cdata_kept = now is before, now._cdata == snap.cdata[id(before)]
-            shown = {"set_data": same and cdata_kept, "swap": same and not cdata_kept,
-                     "overwrite": not same}[path]
-            check.that(shown, f"path-{path}",
-                       f"{name!r} should take the {path} path (object kept: {same}, "
-                       f"_cdata kept: {cdata_kept})",
-                       code=f"{slot_code(name)} is before[{name!r}]" if path != "overwrite"
-                       else f"{slot_code(name)} is not before[{name!r}]")
+            check_path(check, name, before, now, snap.cdata[id(before)], path)
     _verdict(check, example, target, before="import reference\nreference.apply(module, "
              "lambda t: t.to(xla_device()), overwrite=False, swap=False)")
 
