@@ -5,7 +5,8 @@ Options (each also read from an environment variable):
 - ``--swapspec-target`` / ``SWAPSPEC_TARGET``: a built-in target name or
   ``package.module:attribute`` (comma-separated for several). Default: every built-in.
 - ``--swapspec-profile`` / ``SWAPSPEC_PROFILE``: load one of the registered Hypothesis
-  profiles ``swapspec-dev``, ``swapspec-ci``, ``swapspec-thorough``. Without it no profile
+  profiles ``swapspec-dev``, ``swapspec-ci``, ``swapspec-thorough``, ``swapspec-mutation``
+  (no shrinking, for ``.mutation/run``). Without it no profile
   is loaded, so the host project's own choice stands.
 - ``--swapspec-report`` / ``SWAPSPEC_REPORT``: write the conformance table as JSON there.
 """
@@ -32,6 +33,11 @@ PROFILES = {
                             print_blob=True, suppress_health_check=[HealthCheck.too_slow]),
     "swapspec-thorough": settings(max_examples=400, deadline=None,
                                   phases=list(Phase)),
+    # Mutation testing asks only "does any example fail?": no shrinking, no replay of
+    # examples a previous mutant saved, the same examples for every mutant.
+    "swapspec-mutation": settings(max_examples=25, deadline=None, derandomize=True,
+                                  database=None, phases=[Phase.explicit, Phase.generate],
+                                  suppress_health_check=[HealthCheck.too_slow]),
 }
 for _name, _profile in PROFILES.items():
     settings.register_profile(_name, _profile)
