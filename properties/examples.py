@@ -62,12 +62,21 @@ class Example:
     flags: Any = None
     call: Any = None
     recurse: bool = True
+    refused: str | None = None  # a parameter (``"a.weight"``) or grad (``"a.weight.grad"``) held by a weakref
     facts: frozenset[str] = field(default=frozenset(), init=False)
     names_before: dict[str, Tensor] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.facts = frozenset(module_facts(self.module))
         self.names_before = named_tensors(self.module)
+
+    def refused_tensor(self) -> Tensor | None:
+        """The tensor named by ``refused``, as it was before the target ran."""
+        if self.refused is None:
+            return None
+        param_name = self.refused.removesuffix(".grad")
+        tensor = self.names_before[param_name]
+        return tensor.grad if self.refused.endswith(".grad") else tensor
 
     def has(self, fact: str) -> bool:
         """Whether the module had ``fact`` (see ``module_facts``) before the target ran."""

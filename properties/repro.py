@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from properties.common import slot_code
 from properties.deviations import Violation
 from strategies import tree_info
 
@@ -35,6 +36,7 @@ def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     flags = example.flags
     lines = [*PRELUDE, *_tree_lines(example.module)]
     lines += ["before = named(module)", *example.conversion.source("fn").splitlines()]
+    lines += _refused_lines(example)
     call = (f"module._apply(fn, recurse={example.recurse})" if target.name.startswith("torch")
             else f"target.apply(module, fn, overwrite={flags.overwrite}, swap={flags.swap}, "
                  f"recurse={example.recurse})")
@@ -42,6 +44,15 @@ def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     lines += ["try:", f"    {call}", "finally:", *_restore_flag_lines(target)]
     lines += ["after = named(module)", *_assert_lines(violations)]
     return "\n".join(lines)
+
+
+def _refused_lines(example: Any) -> list[str]:
+    """Hold a weak reference to the example's refused tensor, so ``swap_tensors`` refuses it."""
+    if getattr(example, "refused", None) is None:
+        return []
+    name = example.refused.removesuffix(".grad")
+    code = slot_code(name) + (".grad" if example.refused.endswith(".grad") else "")
+    return ["import weakref", f"held = weakref.ref({code})  # swap_tensors refuses a weakly referenced tensor"]
 
 
 def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:

@@ -6,9 +6,11 @@ flag), #109269 / #113000 (``swap_tensors`` and the swap flag).
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from functools import partial
 
+import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -28,7 +30,7 @@ from properties.common import (
 from properties.deviations import Checker
 from properties.examples import Example, alias_groups, named_tensors, same_values, slots
 from properties.repro import apply_repro
-from strategies import conversions, flag_settings, module_trees
+from strategies import conversions, flag_settings, module_trees, value_changing_conversions
 from strategies.conversions import raising_conversion
 
 trees = module_trees()
@@ -177,7 +179,22 @@ def test_apply_converts_grads(target, module, conversion, flags):
                        "grad-value", f"{name!r}.grad is not fn(grad): got {_describe(now)}")
             check.that(now.is_leaf and now.requires_grad == grad.requires_grad, "grad-leaf",
                        f"{name!r}.grad is not a leaf with its own requires_grad")
+            path = expected_path(before, snap.expected[id(before)], flags.overwrite, flags.swap)
+            _check_grad_path(check, name, path, grad, now, snap)
     _verdict(check, example, target)
+
+
+def _check_grad_path(check: Checker, name: str, path: str, grad, now, snap) -> None:
+    """Clause ``grad-path``: the grad object stays on the swap path, and on the set_data
+    path (with its TensorImpl) when ``fn(grad)`` is compatible; otherwise it is replaced."""
+    if path == "swap":
+        stays = now is grad
+    elif path == "set_data" and torch._has_compatible_shallow_copy_type(grad, snap.expected[id(grad)]):
+        stays = now is grad and now._cdata == snap.cdata[id(grad)]
+    else:
+        return
+    check.that(stays, "grad-path", f"{name!r}.grad: on the {path} path the grad object stays",
+               code=f"{slot_code(name)}.grad is before[{name!r}].grad")
 
 
 @spec_property("APPLY-NONE-SLOTS")
@@ -299,8 +316,7 @@ def test_apply_is_atomic(target, module, flags, data):
     example, check, snap = _setup(target, "APPLY-ATOMIC", module, conversion, flags,
                                   fn_may_raise=True)
     assume(snap.expected_error is not None)
-    values = {n: t.detach().clone() for n, t in snap.names.items() if not is_uninitialized(t)}
-    grad_values = {k: g.detach().clone() for k, g in snap.grads.items() if g is not None}
+    values, grad_values = _values(snap)
     fn, raised = conversion.make_fn(), []
 
     def recording(t):
@@ -314,6 +330,23 @@ def test_apply_is_atomic(target, module, flags, data):
     check.that(any(outcome.error is e for e in raised), "no-error",
                f"fn raised {[type(e).__name__ for e in raised]} but apply gave "
                f"{type(outcome.error).__name__ if outcome.error else 'no error'}, not fn's error")
+    _check_untouched(check, module, snap, values, grad_values)
+    _verdict(check, example, target)
+
+
+def _all_grads(module):
+    return [p.grad for p in module.parameters() if p.grad is not None]
+
+
+def _values(snap) -> tuple[dict, dict]:
+    """Copies of every tensor's and every grad's values, to compare after a failed apply."""
+    values = {n: t.detach().clone() for n, t in snap.names.items() if not is_uninitialized(t)}
+    grad_values = {k: g.detach().clone() for k, g in snap.grads.items() if g is not None}
+    return values, grad_values
+
+
+def _check_untouched(check: Checker, module, snap, values: dict, grad_values: dict) -> None:
+    """Clauses ``slot-changed``, ``value-changed``, ``grad-changed``: the module is as it was."""
     now_slots, after = slots(module), named_tensors(module)
     for name, before in snap.slots.items():
         check.that(now_slots.get(name, _MISSING) is before, "slot-changed",
@@ -328,11 +361,55 @@ def test_apply_is_atomic(target, module, flags, data):
         now = params[key].grad
         check.that(now is grad and (grad is None or same_values(grad, grad_values[key])),
                    "grad-changed", "a grad changed after a failed apply")
+
+
+@spec_property("APPLY-REFUSED-SWAP")
+@given(module=trees, conversion=value_changing_conversions(), flags=flag_settings(),
+       data=st.data())
+def test_apply_refused_swap_changes_nothing(target, module, conversion, flags, data):
+    """If a parameter or grad on the swap path cannot be swapped, apply raises ``RuntimeError``
+    and the module is left exactly as it was: same objects, values and TensorImpls.
+
+    A weak reference makes ``torch.utils.swap_tensors`` refuse a tensor (``torch.compile``'s
+    guards hold such references); the refused tensor is drawn among those the swap path
+    replaces. ``fn`` is ``add(1)``, optionally wrapping matrices in ``TwoTensor`` so one call
+    mixes paths. Origin: swapspec spec (pytorch #113000 added the swap path; torch commits
+    tensor by tensor, so those before the refused one stay converted).
+    """
+    snap = snapshot_for_apply(module, conversion.make_fn)
+    assume(snap.expected_error is None)
+    candidates = _swapped_tensors(snap, flags)
+    assume(candidates)
+    refused = data.draw(st.sampled_from(sorted(candidates)), label="refused")
+    example = Example(module, conversion=conversion, flags=flags, refused=refused)
+    check = Checker("APPLY-REFUSED-SWAP", target, example)
+    values, grad_values = _values(snap)
+    held = weakref.ref(candidates[refused])
+    outcome = run_apply(target, example, conversion.make_fn())
+    check.that(isinstance(outcome.error, RuntimeError), "no-error",
+               f"apply gave {type(outcome.error).__name__ if outcome.error else 'no error'}, "
+               f"not RuntimeError, with {refused!r} refusing to swap")
+    del held  # the refusal held for the whole call
+    _check_untouched(check, module, snap, values, grad_values)
+    grads = [g for g in snap.grads.values() if g is not None]
+    for tensor in distinct([*snap.names.values(), *grads]):
+        check.that(tensor._cdata == snap.cdata[id(tensor)], "cdata-changed",
+                   "a tensor holds another TensorImpl after a failed apply")
     _verdict(check, example, target)
 
 
-def _all_grads(module):
-    return [p.grad for p in module.parameters() if p.grad is not None]
+def _swapped_tensors(snap, flags) -> dict[str, object]:
+    """``{name: tensor}`` for each parameter the swap path takes, and its grad (``name.grad``)."""
+    found: dict[str, object] = {}
+    for name, param in snap.names.items():
+        key = id(param)
+        if key not in snap.classes or any(t is param for t in found.values()):
+            continue  # a buffer, or another name of a parameter already listed
+        if expected_path(param, snap.expected[key], flags.overwrite, flags.swap) == "swap":
+            found[name] = param
+            if snap.grads[key] is not None:
+                found[f"{name}.grad"] = snap.grads[key]
+    return found
 
 
 @spec_property("APPLY-ROUND-TRIP")

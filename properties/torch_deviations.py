@@ -229,6 +229,14 @@ def commits_before_raising(example: Example) -> bool:
     return min(k - 1, first_failure) >= 1
 
 
+def converts_before_refused_swap(example: Example) -> bool:
+    """torch converts another tensor before it reaches the refused one (a refused grad comes
+    right after its own parameter's swap), and ``_apply`` keeps what it converted."""
+    refused = example.refused_tensor()
+    order = torch_call_order(example)
+    return next(i for i, t in enumerate(order) if t is refused) > 0
+
+
 def swaps_twice_back(example: Example) -> bool:
     """A swapped parameter is met two or more times: each swap frees a TensorImpl whose
     address a later swap may reuse, so its ``_cdata`` can end where it started."""
@@ -498,6 +506,14 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "leaves the first k-1 converted. Repro: m = nn.Linear(2, 2); n = [0]; "
         "def fn(t):\n n[0] += 1\n if n[0] == 2: raise ValueError\n return t.double(); "
         "m._apply(fn) raises, and m.weight.dtype is float64"),
+    Deviation(
+        "APPLY-REFUSED-SWAP", converts_before_refused_swap,
+        ("value-changed", "slot-changed", "grad-changed", "cdata-changed"),
+        "_apply commits each tensor before it swaps the next, so a tensor swap_tensors refuses "
+        "leaves those before it converted; a refused grad also leaves its parameter swapped and "
+        "its grad None. Repro: m = nn.Linear(2, 2); m.weight.grad = torch.ones(2, 2); "
+        "held = weakref.ref(m.weight.grad); torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double() raises RuntimeError, then m.weight.dtype is float64 and m.weight.grad is None"),
     Deviation(
         ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice, "not-restored",
         SHARED_SLOT),

@@ -56,9 +56,10 @@ def apply(
     6. The parameter keeps its class (``Parameter`` subclasses, ``UninitializedParameter``),
        its instance attributes and its ``requires_grad`` on every path, unless ``fn(p)`` is
        itself a tensor subclass, whose class then wins (``_as_parameter_like``).
-    7. A grad follows its parameter: swapped when the parameter is swapped, else
-       ``.data =`` when compatible and overwrite is off, else replaced. It stays a leaf and
-       keeps its own ``requires_grad`` (``_commit_grad``).
+    7. A grad follows its parameter: swapped when the parameter is swapped (unless ``fn``
+       returns the grad itself), ``.data =`` when the parameter took set_data and the grad's
+       result is compatible, else replaced by ``fn(grad)``. It stays a leaf and keeps its
+       own ``requires_grad`` (``_commit_grad``).
     8. Buffers are rebound: ``module._buffers[key] = fn(buf)``. ``None`` slots stay ``None``.
     """
     overwrite = get_overwrite_module_params_on_conversion() if overwrite is None else overwrite
@@ -151,7 +152,7 @@ def _commit_param(slots: _Slots, results, undo, *, overwrite: bool, swap: bool) 
         target = _as_parameter_like(param, applied)
         _rebind(slots, target, "_parameters", undo)
     if grad is not None:
-        _commit_grad(target, grad, results[id(grad)], path, undo, overwrite=overwrite)
+        _commit_grad(slots, target, grad, results[id(grad)], path, undo)
     return target
 
 
@@ -163,7 +164,7 @@ def _as_parameter_like(param: Tensor, applied: Tensor) -> Tensor:
         if isinstance(applied, nn.Parameter):
             applied = applied.detach()  # fn returned a parameter (often ``param`` itself)
         new = nn.Parameter(applied, requires_grad=param.requires_grad)
-    if type(applied) in (Tensor, nn.Parameter) or type(applied) is type(param):
+    if type(applied) in (Tensor, nn.Parameter):  # a parameter was detached above
         new.__class__ = type(param)
     new.__dict__.update(param.__dict__)
     return new
@@ -212,9 +213,12 @@ def _rebind(slots: _Slots, value: Tensor, registry: str, undo) -> None:
         undo.append(lambda table=table, key=key, old=old: table.__setitem__(key, old))
 
 
-def _commit_grad(target: Tensor, grad: Tensor, applied: Tensor, path: str, undo, *,
-                 overwrite: bool) -> None:
-    """Rule 7: convert the grad along its parameter's path; it stays a leaf."""
+def _commit_grad(slots: _Slots, target: Tensor, grad: Tensor, applied: Tensor, path: str,
+                 undo) -> None:
+    """Rule 7: convert the grad along its parameter's path; it stays a leaf.
+
+    A grad that ``fn`` returns unchanged is not swapped (there is nothing to swap in).
+    """
     requires_grad = grad.requires_grad
     if path == SWAP and applied is grad:
         _set_grad(target, grad, undo)
@@ -223,15 +227,14 @@ def _commit_grad(target: Tensor, grad: Tensor, applied: Tensor, path: str, undo,
         try:
             torch.utils.swap_tensors(grad, applied)
         except Exception as e:
-            raise RuntimeError(f"_apply(): Couldn't swap {type(target).__name__}.grad") from e
+            module, key = slots.where[0]
+            raise RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}.grad") from e
         undo.append(lambda: torch.utils.swap_tensors(grad, applied))
         _set_grad(target, grad, undo)
-    elif (path == SET_DATA and not overwrite
-          and torch._has_compatible_shallow_copy_type(grad, applied)):
+    elif path == SET_DATA and torch._has_compatible_shallow_copy_type(grad, applied):
         _set_data(grad, applied, undo)
     else:
-        new_grad = applied if applied is grad else applied.detach()
-        _set_grad(target, new_grad.requires_grad_(requires_grad), undo)
+        _set_grad(target, applied.requires_grad_(requires_grad), undo)
 
 
 def _set_grad(target: Tensor, grad: Tensor, undo) -> None:

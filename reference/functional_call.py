@@ -121,14 +121,13 @@ def _expand_ties(module: nn.Module, given: dict[str, Any]) -> dict[str, Any]:
     groups: dict[int, set[str]] = {}
     for name, tensor in _all_named_tensors(module):
         groups.setdefault(id(tensor), set()).add(name)
-    group_of = {name: names for names in groups.values() if len(names) > 1 for name in names}
+    group_of = {name: names for names in groups.values() for name in names}
     expanded = dict(given)
     for name in given:
         if name not in group_of:
             continue
         members = group_of[name]
-        given_members = [m for m in members if m in given]
-        if len(given_members) > 1 and len({id(given[m]) for m in given_members}) != 1:
+        if len({id(given[m]) for m in members if m in given}) > 1:
             raise ValueError(
                 f"functional_call got multiple values for keys {sorted(members)}, "
                 "which are tied. Consider using tie_weights=False"
@@ -214,9 +213,7 @@ def _check_value(owner: nn.Module, key: str, value: Any) -> None:
         raise TypeError(f"{value} is not an instance of torch.Tensor")
     if key == "":
         raise KeyError('tensor name can\'t be empty string ""')
-    if key in owner._parameters or key in owner._buffers or not hasattr(owner, key):
-        return
-    current = getattr(owner, key)
+    current = getattr(owner, key, None)  # a registered slot holds a tensor or None
     if current is not None and not isinstance(current, Tensor):
         raise TypeError(f"attribute `{key}`: {current} is not an instance of torch.Tensor")
 

@@ -5,7 +5,12 @@ measured reach of every feature.
 """
 
 from strategies.calls import CallInput, FlagSetting, call_inputs, flag_settings, forward_inputs
-from strategies.conversions import Conversion, ConversionError, conversions
+from strategies.conversions import (
+    Conversion,
+    ConversionError,
+    conversions,
+    value_changing_conversions,
+)
 from strategies.devices import detected_devices, xla_device
 from strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
 from strategies.tree_draws import module_trees, tree_specs
@@ -32,5 +37,6 @@ __all__ = [
     "module_trees",
     "tree_info",
     "tree_specs",
+    "value_changing_conversions",
     "xla_device",
 ]

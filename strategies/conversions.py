@@ -18,6 +18,8 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
   ``_apply`` takes the swap path whatever the flags; ``_has_compatible_shallow_copy_type`` says True for it).
 * ``add(1)`` is ``t + 1`` (not idempotent; bool becomes int64). ``raise_on(k=K)`` is ``add(1)`` that raises
   :class:`ConversionError` on the K-th call (1-based) of that fresh fn: out of place, so a half-done conversion shows.
+* ``add(1), TwoTensor for matrices`` is ``add(1)`` that wraps 2-D floating results in ``TwoTensor`` (as quantizers
+  wrap only weight matrices): matrices take the swap path, the rest the path the flags choose, in one ``_apply``.
 
 ``changes_impl`` is relative to a CPU dense source: True for meta, sparse and XLA results.
 """
@@ -127,6 +129,23 @@ CONVERSIONS: tuple[Conversion, ...] = (
     _to("xla", None, "to('xla')", changes_impl=True, device="xla"),
     _to("xla", "torch.bfloat16", "to('xla', torch.bfloat16)", changes_impl=True, device="xla"),
 )
+
+
+ADD_ONE = next(c for c in CONVERSIONS if c.name == "add(1)")
+ADD_ONE_WRAPPING_MATRICES = Conversion(
+    "add(1), TwoTensor for matrices",
+    "lambda t: TwoTensor((t + 1).detach(), (t + 1).detach()) if t.dim() == 2 and t.is_floating_point() else t + 1",
+)
+
+
+def value_changing_conversions() -> st.SearchStrategy[Conversion]:
+    """Draw ``add(1)`` or ``add(1), TwoTensor for matrices``; shrinks towards ``add(1)``.
+
+    Both give every tensor a new object with new values, so every change ``_apply`` commits shows; the second mixes
+    the swap path with the flags' path in one call. Neither works on ``UninitializedParameter``.
+    Reports ``hypothesis.event('conversion: <tag>')``.
+    """
+    return _conversions((ADD_ONE, ADD_ONE_WRAPPING_MATRICES), False)
 
 
 def raising_conversion(k: int) -> Conversion:

@@ -449,6 +449,48 @@ def test_refused_swap_is_rolled_back(overwrite):
     assert ref() is lin.bias
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_refused_grad_swap_is_rolled_back_with_torchs_message(overwrite):
+    """Rules 4 and 7: a refused grad swap undoes its parameter's swap and names the grad as torch does."""
+    lin, twin = linear(), linear()
+    fill_grads(lin)
+    fill_grads(twin)
+    before = snapshot(lin)
+    ref = weakref.ref(lin.weight.grad)
+    twin_ref = weakref.ref(twin.weight.grad)
+    with pytest.raises(RuntimeError) as info:
+        reference.apply(lin, double, overwrite=overwrite, swap=True)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    with pytest.raises(RuntimeError) as torch_info:
+        twin._apply(double)
+    assert str(info.value) == str(torch_info.value) == "_apply(): Couldn't swap Linear.weight.grad"
+    assert_unchanged(before, lin)
+    assert ref() is lin.weight.grad and twin_ref() is not None
+
+
+def test_grad_that_fn_returns_unchanged_is_not_swapped():
+    """Rule 7: on the swap path a grad ``fn`` returns as it is stays, so a weakref to it is no obstacle."""
+    lin = linear()
+    fill_grads(lin)
+    grad, cdata = lin.weight.grad, lin.weight.grad._cdata
+    ref = weakref.ref(grad)
+    reference.apply(lin, lambda t: t, swap=True)
+    assert lin.weight.grad is grad and grad._cdata == cdata
+    assert ref() is grad
+
+
+@flag_settings
+@pytest.mark.parametrize(("device", "dtype"), [("meta", torch.float32), ("cpu", torch.float64)])
+def test_uninitialized_parameter_fn_returns_unchanged_keeps_device_and_dtype(overwrite, swap, device,
+                                                                             dtype):
+    """Rule 6: an ``UninitializedParameter`` that ``fn`` returns as it is keeps class, device and dtype."""
+    m = nn.LazyLinear(3, device=device, dtype=dtype)
+    reference.apply(m, lambda t: t, overwrite=overwrite, swap=swap)
+    for p in (m.weight, m.bias):
+        assert type(p) is nn.UninitializedParameter
+        assert (p.device.type, p.dtype) == (device, dtype)
+
+
 # ---------------------------------------------------------------------------
 # fn returning its argument or a Parameter
 
@@ -499,6 +541,6 @@ def test_parameter_also_registered_as_buffer_stays_one_object(overwrite, swap):
     m.register_buffer("w_buf", m.w)
     fn, calls, _ = _counting(double)
     reference.apply(m, fn, overwrite=overwrite, swap=swap)
-    assert len(calls) == 1
+    assert list(calls.values()) == [1]
     assert m._parameters["w"] is m._buffers["w_buf"]
     assert m.w.dtype == torch.float64

@@ -225,6 +225,17 @@ def test_shared_submodule_same_object_through_both_paths_is_fine(tie_weights):
     assert_unchanged(before, m)
 
 
+def test_shared_slot_conflict_is_found_after_a_bad_name():
+    """Rule 3 comes before rule 5: a bad name earlier in the dict does not hide a slot conflict."""
+    m = Shared()
+    before = snapshot(m)
+    tensors = {"nope.weight": torch.zeros(2, 2), "a.weight": torch.zeros(2, 2),
+               "b.weight": torch.ones(2, 2)}
+    with pytest.raises(ValueError, match=r"\['a\.weight', 'b\.weight'\]"):
+        reference.functional_call(m, tensors, (X2,))
+    assert_unchanged(before, m)
+
+
 @pytest.mark.parametrize("tie_weights", [True, False])
 def test_shared_submodule_two_objects_for_one_slot_raise(tie_weights):
     """Rule 3: two names of one slot with different objects raise ValueError, before anything changes."""
@@ -505,6 +516,26 @@ def test_bad_input_forms_match_torch(tensors):
 def test_jitted_module_refused_like_torch():
     """Rule 1: a scripted module raises torch's RuntimeError."""
     assert_same_error_as_torch(lambda: torch.jit.script(Small()), {"l1.weight": torch.zeros(2, 2)})
+
+
+def test_data_parallel_module_refused_like_torch():
+    """Rule 1: ``nn.DataParallel`` is refused with torch's message (it wraps, even without GPUs)."""
+    assert_same_error_as_torch(lambda: nn.DataParallel(Small()), {"l1.weight": torch.zeros(2, 2)})
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+def test_call_while_tracing_refused_like_torch():
+    """Rule 1: a call made while ``torch.jit.trace`` records is refused with torch's message."""
+    errors = []
+    for fc in (torch.func.functional_call, reference.functional_call):
+        module = Small()
+
+        def traced(x, fc=fc, module=module):
+            return fc(module, {"l1.weight": torch.zeros(2, 2)}, (x,))
+        with pytest.raises(RuntimeError) as info:
+            torch.jit.trace(traced, (X2,))
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] == "The stateless API can't be used with Jitted modules"
 
 
 @jit_warning
