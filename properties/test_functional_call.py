@@ -45,11 +45,13 @@ from properties.repro import call_repro
 from strategies import ForwardError, call_inputs, module_trees, tree_info
 
 trees = module_trees()
+# FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
+updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50)
 
 
-def _draw(data, property_id: str, target, *, clonable=False, **options):
+def _draw(data, property_id: str, target, *, clonable=False, module_strategy=trees, **options):
     """Draw a module and a call; ``clonable`` rules out giving uninitialized parameters."""
-    module = data.draw(trees, label="module")
+    module = data.draw(module_strategy, label="module")
     call = data.draw(call_inputs(module, forms=target.call_forms, **options), label="call")
     if clonable:
         assume(not any(is_uninitialized(v) for v in call.merged().values()))
@@ -326,7 +328,8 @@ def test_fc_write_back(target, data):
     Origin: ``torch.func.functional_call`` docs (in-place updates are reflected in the
     dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
     """
-    module, call, example, check = _draw(data, "FC-WRITE-BACK", target, clonable=True)
+    module, call, example, check = _draw(data, "FC-WRITE-BACK", target, clonable=True,
+                                         module_strategy=updating_trees)
     if "tuple-disjoint" in target.call_forms and data.draw(st.booleans(), label="split"):
         call = _split(call, data.draw(st.integers(0, len(call.merged())), label="split at"))
         example = Example(module, call=call)

@@ -54,11 +54,18 @@ class _Options:
     grads: bool
     param_dtypes: tuple[str, ...]
     buffer_dtypes: tuple[str, ...]
+    behaviours: tuple[str, ...] = BEHAVIOURS
+    behaviour_chance: int = 12
 
 
-def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes) -> _Options:
+def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
+             behaviours=BEHAVIOURS, behaviour_chance=12) -> _Options:
     if max_depth < 0 or max_leaves < 1:
         raise ValueError(f"need max_depth >= 0 and max_leaves >= 1, got {max_depth}, {max_leaves}")
+    unknown = sorted(set(behaviours) - set(BEHAVIOURS))
+    if unknown or not 0 <= behaviour_chance <= 100:
+        raise ValueError(f"behaviours must come from {BEHAVIOURS} (got unknown {unknown}) and "
+                         f"behaviour_chance must be 0..100 (got {behaviour_chance})")
     names = BUFFER_DTYPES if dtypes is None else tuple(_name(d) for d in dtypes)
     names = tuple(sorted(names, key=BUFFER_DTYPES.index))  # float32 first where allowed
     param = tuple(d for d in names if d in PARAM_DTYPES)
@@ -66,7 +73,9 @@ def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dty
     kinds = REAL_LEAVES if real_layers and real_dtypes else ()
     if lazy and real_layers and "float32" in names:
         kinds = (*kinds, "LazyLinear")
-    return _Options(max_depth, max_leaves, sharing, ties, kinds, real_dtypes, grads, param, names)
+    allowed = tuple(b for b in BEHAVIOURS if b in behaviours)
+    return _Options(max_depth, max_leaves, sharing, ties, kinds, real_dtypes, grads, param, names,
+                    allowed, behaviour_chance)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -102,7 +111,7 @@ def _generic(draw: Draw, o: _Options) -> LeafSpec:
     n_buffers = draw(st.integers(0, 4))
     tensors = [_tensor(draw, o, f"p{i}", False) for i in range(n_params)]
     tensors += [_tensor(draw, o, f"b{i}", True) for i in range(n_buffers)]
-    behaviours = tuple(b for b in BEHAVIOURS if _chance(draw, 12))
+    behaviours = tuple(b for b in o.behaviours if _chance(draw, o.behaviour_chance))
     return LeafSpec(tensors=tuple(tensors), behaviours=behaviours)
 
 
@@ -136,8 +145,9 @@ def _node(draw: Draw, o: _Options, depth: int, budget: list[int]) -> LeafSpec | 
             children.append(_node(draw, o, depth + 1, budget))
         return ContainerSpec(kind, tuple(children))
     budget[0] -= 1
-    if o.param_dtypes and not _chance(draw, 85):
-        return LeafSpec(tensors=(TensorSpec("p0", dtype=o.param_dtypes[0]),))
+    if o.param_dtypes and not _chance(draw, 85):  # the minimal leaf: no behaviour drawn
+        always = o.behaviours if o.behaviour_chance == 100 else ()
+        return LeafSpec(tensors=(TensorSpec("p0", dtype=o.param_dtypes[0]),), behaviours=always)
     if o.real_kinds and _chance(draw, 55):
         return _real(draw, o)
     return _generic(draw, o)
@@ -222,9 +232,12 @@ def tree_specs(
     lazy: bool = True,
     grads: bool = True,
     dtypes: Sequence[torch.dtype] | None = None,
+    behaviours: Sequence[str] = BEHAVIOURS,
+    behaviour_chance: int = 12,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
-    o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes)
+    o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
+                 tuple(behaviours), behaviour_chance)
     root = _node(draw, o, 0, [o.max_leaves])
     tie_specs = _ties(draw, root) if o.ties else ()
     share_specs = _shares(draw, root) if o.sharing else ()
@@ -243,6 +256,8 @@ def module_trees(
     lazy: bool = True,
     grads: bool = True,
     dtypes: Sequence[torch.dtype] | None = None,
+    behaviours: Sequence[str] = BEHAVIOURS,
+    behaviour_chance: int = 12,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -260,6 +275,9 @@ def module_trees(
     * ``dtypes``: dtypes allowed for tensors (default float32/16/64, bfloat16, complex64 and, for buffers,
       int64 and bool). Parameters only use the floating/complex ones; real layers float32/float64.
       BatchNorm's ``num_batches_tracked`` is int64 regardless.
+    * ``behaviours``: forward behaviours a generic leaf may have (default all of ``'inplace'``, ``'rebind'``,
+      ``'raise'``, ``'report'``; see :class:`~strategies.modules.GenericLeaf`), each with ``behaviour_chance``
+      percent (default 12; the minimal one-parameter leaf has none unless it is 100). Shrinks towards none.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.
@@ -267,6 +285,7 @@ def module_trees(
     strategy = tree_specs(
         max_depth=max_depth, max_leaves=max_leaves, sharing=sharing, ties=ties,
         real_layers=real_layers, lazy=lazy, grads=grads, dtypes=dtypes,
+        behaviours=behaviours, behaviour_chance=behaviour_chance,
     )
     return strategy.map(_build_and_report)
 

@@ -27,7 +27,12 @@ from strategies import (
     tree_specs,
 )
 from strategies.calls import valid_names
-from strategies.conversions import CONVERSIONS, raising_conversion
+from strategies.conversions import (
+    ADD_ONE,
+    ADD_ONE_WRAPPING_MATRICES,
+    CONVERSIONS,
+    raising_conversion,
+)
 from strategies.trees import LeafSpec, TensorSpec, TreeSpec
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -117,6 +122,41 @@ def test_raising_leaf_and_reporting_leaf() -> None:
 def test_minimal_tree_is_one_generic_leaf_with_one_float32_parameter() -> None:
     found = find(module_trees(), lambda m: len(list(m.parameters())) >= 1, settings=settings(database=None, max_examples=500))
     assert tree_info(found).spec == TreeSpec(root=LeafSpec(tensors=(TensorSpec("p0"),)))
+
+
+def _generic_leaves(spec: TreeSpec) -> list[LeafSpec]:
+    found, stack = [], [spec.root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, LeafSpec):
+            found += [node] if node.kind == "generic" else []
+        else:
+            stack.extend(node.children)
+    return found
+
+
+@SETTINGS
+@given(st.data())
+def test_behaviours_option_limits_and_weights_leaf_behaviours(data: st.DataObject) -> None:
+    always = data.draw(tree_specs(behaviours=("rebind",), behaviour_chance=100))
+    never = data.draw(tree_specs(behaviour_chance=0))
+    assert all(leaf.behaviours == ("rebind",) for leaf in _generic_leaves(always))
+    assert all(leaf.behaviours == () for leaf in _generic_leaves(never))
+
+
+@pytest.mark.parametrize("options", [{"behaviours": ("explode",)}, {"behaviour_chance": 101}])
+def test_behaviours_option_rejects_bad_values(options: dict) -> None:
+    with pytest.raises(ValueError, match="behaviour"):
+        find(module_trees(**options), lambda m: True, settings=settings(database=None))
+
+
+def test_value_changing_conversions_change_every_value() -> None:
+    t, matrix = torch.linspace(0, 1, 4), torch.zeros(2, 3)
+    for conversion in (ADD_ONE, ADD_ONE_WRAPPING_MATRICES):
+        fn = conversion.make_fn()
+        assert torch.equal(fn(t), t + 1) and fn(t) is not t
+        assert torch.equal(fn(matrix).detach() if conversion is ADD_ONE else fn(matrix).a, matrix + 1)
+    assert type(ADD_ONE_WRAPPING_MATRICES.make_fn()(matrix)).__name__ == "TwoTensor"
 
 
 def test_flag_settings_shrink_to_default() -> None:

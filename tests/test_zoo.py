@@ -50,15 +50,7 @@ def statuses(table: dict) -> dict[str, str]:
     return {pid: cell["status"] for pid, row in table.items() for cell in row.values()}
 
 
-def _zoo_params() -> list:
-    """One param per zoo target; a module's ``KNOWN_MISS`` makes it a strict xfail, so the
-    day the suite catches it the test fails and the declaration must go."""
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=miss))
-            if (miss := getattr(zoo_module(name), "KNOWN_MISS", None)) else name
-            for name in ZOO]
-
-
-@pytest.mark.parametrize("name", _zoo_params())
+@pytest.mark.parametrize("name", ZOO)
 def test_zoo_target_is_caught(name: str, tmp_path: Path) -> None:
     """Rule: the run fails, and at least one failing property is one the module expects."""
     zoo = zoo_module(name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import Tensor, nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import reference
 from tests.zoo import APPLY_PATHS, ZooTarget
@@ -41,13 +42,22 @@ def apply(module: nn.Module, fn: Callable[[Tensor], Tensor], *, overwrite: bool,
     for param in module._parameters.values():
         if param is None:
             continue
-        param.data = fn(param.data)
+        param.data = _refuse_wrapper(fn(param.data))
         if param._grad is not None:
-            param._grad.data = fn(param._grad.data)
+            param._grad.data = _refuse_wrapper(fn(param._grad.data))
     for key, buf in module._buffers.items():
         if buf is not None:
             module._buffers[key] = fn(buf)
     return module
+
+
+def _refuse_wrapper(t: Tensor) -> Tensor:
+    """Raise for a traceable wrapper subclass (``TwoTensor``), as ``.data =`` does for other
+    TensorImpl changes: torch 1.1 had no such subclasses, and today's ``.data =`` accepts one
+    and later crashes the interpreter, which would end the run instead of failing a property."""
+    if is_traceable_wrapper_subclass(t):
+        raise RuntimeError("Attempted to call `variable.set_data(tensor)` with a wrapper subclass")
+    return t
 
 
 target = ZooTarget("zoo-old-set-data", apply, reference.functional_call)

@@ -19,8 +19,6 @@ from tests.zoo import ref_fc as ref
 ORIGIN = "torch 2.13 torch.func.functional_call: tuple-of-dicts write-back lost"
 CAUGHT_BY = frozenset({"FC-WRITE-BACK"})
 PATHS = FC_PATHS
-KNOWN_MISS = ("FC-WRITE-BACK does not combine a tuple of dicts with a forward that rebinds a "
-              "given buffer within the CI profile's 40 examples; see the zoo report")
 
 
 def functional_call(module: nn.Module, tensors: Any, args: Any = (), kwargs: Any = None, *,
