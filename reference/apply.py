@@ -183,9 +183,7 @@ def _swap_param(slots: _Slots, param: Tensor, applied: Tensor, grad, undo) -> No
             param.grad = grad
         raise RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}") from e
 
-    def swap_back() -> None:
-        if grad is not None:
-            param.grad = None
+    def swap_back() -> None:  # later steps are undone first, so param.grad is None again here
         torch.utils.swap_tensors(param, new)
         if grad is not None:
             param.grad = grad

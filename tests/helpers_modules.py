@@ -272,6 +272,10 @@ def snapshot(module: nn.Module) -> list[ModuleState]:
     return states
 
 
+def _dense(t: Tensor) -> Tensor:
+    return t.to_dense() if t.layout != torch.strided else t
+
+
 def assert_tensor_unchanged(before: TensorState, now: Tensor | None, where: str) -> None:
     assert now is before.obj, f"{where}: another object"
     assert now._cdata == before.cdata, f"{where}: _cdata changed"
@@ -280,7 +284,7 @@ def assert_tensor_unchanged(before: TensorState, now: Tensor | None, where: str)
     assert now.device == before.device, f"{where}: device changed"
     assert now.requires_grad == before.requires_grad, f"{where}: requires_grad changed"
     if before.value is not None:
-        assert torch.equal(now.detach(), before.value), f"{where}: value changed"
+        assert torch.equal(_dense(now.detach()), _dense(before.value)), f"{where}: value changed"
     grad = now.grad if now.is_leaf else None
     if before.grad is None:
         assert grad is None, f"{where}: grad appeared"

@@ -468,6 +468,24 @@ def test_refused_grad_swap_is_rolled_back_with_torchs_message(overwrite):
     assert ref() is lin.weight.grad and twin_ref() is not None
 
 
+def test_refused_swap_after_set_data_and_replaced_grad_restores_both():
+    """Rule 4: a refusal undoes a set_data step and a replaced grad made before it (paths mixed)."""
+    lin = linear()
+    lin.weight.grad = torch.ones(3, 3).to_sparse()  # its dense result is incompatible: replaced
+    before = snapshot(lin)
+    ref = weakref.ref(lin.bias)
+
+    def fn(t):  # matrices and their grads: + 1, dense (set_data, replaced); vectors: TwoTensor (swap)
+        if t.dim() == 1:
+            return TwoTensor(t + 1, t + 1)
+        return (t.to_dense() if t.is_sparse else t) + 1
+
+    with pytest.raises(RuntimeError, match=r"^_apply\(\): Couldn't swap Linear\.bias$"):
+        reference.apply(lin, fn, overwrite=False, swap=False)
+    assert_unchanged(before, lin)
+    assert lin.weight.grad.is_sparse and ref() is lin.bias
+
+
 def test_grad_that_fn_returns_unchanged_is_not_swapped():
     """Rule 7: on the swap path a grad ``fn`` returns as it is stays, so a weakref to it is no obstacle."""
     lin = linear()

@@ -232,8 +232,18 @@ def test_shared_slot_conflict_is_found_after_a_bad_name():
     tensors = {"nope.weight": torch.zeros(2, 2), "a.weight": torch.zeros(2, 2),
                "b.weight": torch.ones(2, 2)}
     with pytest.raises(ValueError, match=r"\['a\.weight', 'b\.weight'\]"):
-        reference.functional_call(m, tensors, (X2,))
+        reference.functional_call(m, tensors, (X2,), tie_weights=False)
     assert_unchanged(before, m)
+
+
+def test_unknown_name_before_a_tied_name_does_not_stop_tying():
+    """Rule 2: every given tied name fills its aliases, whatever names come before it."""
+    m = Tied()
+    w = torch.full_like(m.enc.weight, 2.0)
+    view = {}
+    m.register_forward_pre_hook(lambda mod, args: view.update(dec=mod.dec.weight))
+    reference.functional_call(m, {"extra": torch.zeros(1), "enc.weight": w}, (torch.ones(1, 3),))
+    assert view["dec"] is w
 
 
 @pytest.mark.parametrize("tie_weights", [True, False])
