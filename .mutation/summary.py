@@ -46,7 +46,7 @@ def main(results_file: str, equivalent_file: str) -> None:
     killed = counts["killed"] + counts["timeout"]
     scored = total - counts["equivalent"]
     print(f"mutants: {total}")
-    for status in sorted(counts):
+    for status in sorted(set(counts) | {"killed", "survived", "timeout", "equivalent"}):
         print(f"  {status}: {counts[status]}")
     if scored:
         print(f"mutation score: {killed}/{scored} = {100 * killed / scored:.1f}% "
