@@ -329,7 +329,7 @@ def test_fc_write_back(target, data):
     dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
     """
     module, call, example, check = _draw(data, "FC-WRITE-BACK", target, clonable=True,
-                                         module_strategy=updating_trees)
+                                         module_strategy=updating_trees, buffers="all")
     if "tuple-disjoint" in target.call_forms and data.draw(st.booleans(), label="split"):
         call = _split(call, data.draw(st.integers(0, len(call.merged())), label="split at"))
         example = Example(module, call=call)

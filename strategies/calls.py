@@ -208,12 +208,14 @@ def _invalidate(
 
 @st.composite
 def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool,
-                 strict: bool | None, forms: Sequence[str]) -> CallInput:
+                 strict: bool | None, forms: Sequence[str], buffers: str) -> CallInput:
     names = valid_names(module)
+    buffer_names = {n for n, _ in module.named_buffers(remove_duplicate=False)}
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     tags: set[str] = set()
     everything = bool(names) and _chance(draw, 30)
-    picked = [n for n in names if everything or draw(st.booleans())]
+    picked = [n for n in names
+              if everything or (buffers == "all" and n in buffer_names) or draw(st.booleans())]
     tags.add("all-names" if names and len(picked) == len(names) else ("no-names" if not picked else "some-names"))
     chosen: dict[str, Any] = {n: _value(draw, names[n], gen, tags) for n in picked}
     _tietensor_values(draw, chosen, names)
@@ -250,6 +252,7 @@ def call_inputs(
     invalid: bool = False,
     strict: bool | None = None,
     forms: Sequence[str] = FORMS,
+    buffers: str = "some",
 ) -> st.SearchStrategy[CallInput]:
     """Draw a :class:`CallInput` for ``functional_call(module, ...)``.
 
@@ -267,8 +270,12 @@ def call_inputs(
     * ``strict``: fix ``strict`` to this value instead of drawing it.
     * ``forms``: the input forms to draw from (default all of ``FORMS``); ``("dict",)`` for an
       implementation that takes a single dict only.
+    * ``buffers``: ``"some"`` (default) draws buffer names like the others; ``"all"`` gives every buffer name,
+      so a counterexample that needs a given buffer keeps it while the tree shrinks around it.
 
     ``args`` is ``(x,)`` from :func:`forward_inputs`; ``kwargs`` may hold ``fail=True`` and ``report=[]``;
     ``tie_weights`` shrinks to True and ``strict`` to False (torch's defaults).
     """
-    return _call_inputs(module, unknown_names, invalid, strict, tuple(forms))
+    if buffers not in ("some", "all"):
+        raise ValueError(f"buffers must be 'some' or 'all', got {buffers!r}")
+    return _call_inputs(module, unknown_names, invalid, strict, tuple(forms), buffers)

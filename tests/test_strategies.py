@@ -150,6 +150,20 @@ def test_behaviours_option_rejects_bad_values(options: dict) -> None:
         find(module_trees(**options), lambda m: True, settings=settings(database=None))
 
 
+@SETTINGS
+@given(st.data())
+def test_call_inputs_buffers_all_gives_every_buffer_name(data: st.DataObject) -> None:
+    module = data.draw(module_trees())
+    call = data.draw(call_inputs(module, buffers="all", unknown_names=False, forms=("dict",)))
+    buffer_names = {n for n, _ in module.named_buffers(remove_duplicate=False)}
+    assert buffer_names <= set(call.tensors)
+
+
+def test_call_inputs_rejects_unknown_buffers_option() -> None:
+    with pytest.raises(ValueError, match="buffers"):
+        call_inputs(nn.Linear(2, 2), buffers="none")
+
+
 def test_value_changing_conversions_change_every_value() -> None:
     t, matrix = torch.linspace(0, 1, 4), torch.zeros(2, 3)
     for conversion in (ADD_ONE, ADD_ONE_WRAPPING_MATRICES):
