@@ -14,7 +14,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from properties.deviations import Checker
-from properties.examples import Example, named_tensors, same_values, slots
+from properties.examples import Example, clone_value, named_tensors, same_values, slots
 from properties.oracle import owner_of
 from strategies import tree_info
 
@@ -276,16 +276,6 @@ def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]]):
         return None
 
     return view, module.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def clone_value(value: Any) -> Any:
-    """An independent copy of a given value, keeping ``Parameter``-ness."""
-    if not isinstance(value, Tensor):
-        return value
-    copy = value.detach().clone()
-    if isinstance(value, nn.Parameter):
-        return nn.Parameter(copy, requires_grad=value.requires_grad)
-    return copy.requires_grad_(value.requires_grad) if copy.is_floating_point() else copy
 
 
 def load_into(owner: nn.Module, key: str, value: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parameter import UninitializedParameter
+from torch.nn.parameter import UninitializedParameter, UninitializedTensorMixin
 
 
 def named_tensors(module: nn.Module) -> dict[str, Tensor]:
@@ -65,10 +65,14 @@ class Example:
     refused: str | None = None  # a parameter (``"a.weight"``) or grad (``"a.weight.grad"``) held by a weakref
     facts: frozenset[str] = field(default=frozenset(), init=False)
     names_before: dict[str, Tensor] = field(default_factory=dict, init=False)
+    tensors_before: Any = field(default=None, init=False)  # the call's mappings, before write-back
 
     def __post_init__(self) -> None:
         self.facts = frozenset(module_facts(self.module))
         self.names_before = named_tensors(self.module)
+        if self.call is not None:
+            own = {id(t) for t in self.names_before.values()}
+            self.tensors_before = _copy_mappings(self.call.tensors, own)
 
     def refused_tensor(self) -> Tensor | None:
         """The tensor named by ``refused``, as it was before the target ran."""
@@ -81,6 +85,34 @@ class Example:
     def has(self, fact: str) -> bool:
         """Whether the module had ``fact`` (see ``module_facts``) before the target ran."""
         return fact in self.facts
+
+
+def clone_value(value: Any) -> Any:
+    """An independent copy of a given value, keeping ``Parameter``-ness."""
+    if not isinstance(value, Tensor) or isinstance(value, UninitializedTensorMixin):
+        return value
+    copy = value.detach().clone()
+    if isinstance(value, nn.Parameter):
+        return nn.Parameter(copy, requires_grad=value.requires_grad)
+    return copy.requires_grad_(value.requires_grad) if copy.is_floating_point() else copy
+
+
+def _copy_mappings(tensors: Any, own: set[int]) -> Any:
+    """The call's mappings as given: new dicts, each given tensor cloned once (so two names
+    given one object still share one copy), the module's own tensors kept as they are."""
+    clones: dict[int, Any] = {}
+
+    def copy(value: Any) -> Any:
+        if not isinstance(value, Tensor) or id(value) in own:
+            return value
+        return clones.setdefault(id(value), clone_value(value))
+
+    if isinstance(tensors, dict):
+        return {k: copy(v) for k, v in tensors.items()}
+    if isinstance(tensors, tuple | list):
+        return type(tensors)({k: copy(v) for k, v in d.items()} if isinstance(d, dict) else d
+                             for d in tensors)
+    return tensors
 
 
 def module_facts(module: nn.Module) -> set[str]:

@@ -60,8 +60,9 @@ def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     call = example.call
     own = {id(t): f"before[{name!r}]" for name, t in example.names_before.items()}
     lines = [*PRELUDE, *_tree_lines(example.module), "before = named(module)"]
-    lines += _shared_value_lines(call.tensors, own)  # one variable per object given twice
-    lines.append(f"tensors = {_tensors_code(call.tensors, own)}")
+    tensors = example.tensors_before  # as given: the call may have written back into them
+    lines += _shared_value_lines(tensors, own)  # one variable per object given twice
+    lines.append(f"tensors = {_tensors_code(tensors, own)}")
     lines.append(f"args = {_value_code(call.args, own)}")
     lines.append(f"kwargs = {_value_code(call.kwargs, own)}")
     lines += _target_lines(target, None)

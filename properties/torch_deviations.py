@@ -374,13 +374,20 @@ def tuple_rebind_lost(example: Example) -> bool:
                               strict=call.strict)
     if isinstance(given, ExpectedError) or isinstance(filled, ExpectedError):
         return False
+    return bool(_rebound_by_forward(example, given, filled))
+
+
+def _rebound_by_forward(example: Example, given: dict[str, Any], filled: dict[str, Any]) -> set[str]:
+    """Given names whose slot forward rebinds, read off a fresh copy of the module with the
+    given tensors loaded, run once (the spec's model of the call)."""
     if any(is_uninitialized(v) for v in filled.values()):
-        return False
+        return set()
+    call = example.call
     copy, kwargs = loaded_copy(example.module, filled, call)
     loaded = {n: owner_of(copy, n) for n, v in given.items() if isinstance(v, Tensor)}
     before = {n: getattr(o, k, None) for n, (o, k) in loaded.items()}
     attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
-    return any(getattr(o, k, None) is not before[n] for n, (o, k) in loaded.items())
+    return {n for n, (o, k) in loaded.items() if getattr(o, k, None) is not before[n]}
 
 
 def slot_conflict_ignored(example: Example) -> bool:
@@ -393,9 +400,10 @@ def slot_conflict_ignored(example: Example) -> bool:
 
 
 def shared_slot_write_back_wrong(example: Example) -> bool:
-    """Two caller keys reach one shared buffer slot with a value that is not the slot's own:
-    torch's restore returns the original for the second key and writes it into the caller's
-    dict, so the caller loses its tensor (see SHARED_SLOT)."""
+    """Two caller keys reach one shared buffer slot, and the second carries a value that is
+    not the slot's own, or the slot's own that forward rebinds: torch's restore returns the
+    original for the second key and writes it into the caller's dict, so the caller loses its
+    tensor or the rebound one (see SHARED_SLOT)."""
     filled = _filled(example)
     if filled is None or not isinstance(example.call.tensors, dict):
         return False  # a tuple of dicts: torch writes back into its merged copy instead
@@ -409,9 +417,11 @@ def shared_slot_write_back_wrong(example: Example) -> bool:
     keys_by_slot: dict[Any, list[str]] = {}
     for name in given:
         keys_by_slot.setdefault(slot_of(module, name), []).append(name)
-    return any(len(keys) > 1 and keys[1] in buffers and isinstance(given[keys[1]], Tensor)
-               and given[keys[1]] is not registered.get(keys[1])
-               for keys in keys_by_slot.values())
+    second = [keys[1] for keys in keys_by_slot.values()
+              if len(keys) > 1 and keys[1] in buffers and isinstance(given[keys[1]], Tensor)]
+    if any(given[key] is not registered.get(key) for key in second):
+        return True
+    return bool(second) and bool(set(second) & _rebound_by_forward(example, given, filled))
 
 
 def has_alias_groups(example: Example) -> bool:
