@@ -2,7 +2,8 @@
 
 Rules: each results line is ``<mutant>: <status>``; a survivor listed (by mutant name, in
 backticks) in ``equivalent.md`` counts as equivalent, not survived. The score is
-killed / (total - equivalent); timeouts count as killed in the score but are shown apart.
+killed / (total - equivalent); timeouts count as killed in the score but are shown apart. The exit
+status is 1 when the score is below the minimum (third argument, default 95) or nothing ran.
 """
 
 from __future__ import annotations
@@ -39,22 +40,29 @@ def summarize(results: dict[str, str], equivalent: set[str]) -> Counter[str]:
     return counts
 
 
-def main(results_file: str, equivalent_file: str) -> None:
+def score(counts: Counter[str]) -> float | None:
+    """Percent of non-equivalent mutants killed (timeouts count as killed); None if none ran."""
+    scored = sum(counts.values()) - counts["equivalent"]
+    return 100 * (counts["killed"] + counts["timeout"]) / scored if scored else None
+
+
+def main(results_file: str, equivalent_file: str, min_score: float) -> int:
+    """Print the summary; exit status 1 when no mutant ran or the score is below ``min_score``."""
     results = parse_results(Path(results_file).read_text())
-    counts = summarize(results, equivalent_names(Path(equivalent_file)))
-    total = sum(counts.values())
-    killed = counts["killed"] + counts["timeout"]
-    scored = total - counts["equivalent"]
-    print(f"mutants: {total}")
+    equivalent = equivalent_names(Path(equivalent_file))
+    counts = summarize(results, equivalent)
+    print(f"mutants: {sum(counts.values())}")
     for status in sorted(set(counts) | {"killed", "survived", "timeout", "equivalent"}):
         print(f"  {status}: {counts[status]}")
-    if scored:
-        print(f"mutation score: {killed}/{scored} = {100 * killed / scored:.1f}% "
-              "(killed + timeout over non-equivalent)")
+    percent = score(counts)
+    if percent is not None:
+        print(f"mutation score: {percent:.1f}% (killed + timeout over non-equivalent; "
+              f"required: {min_score:g}%)")
     for name, status in sorted(results.items()):
-        if status == "survived" and name not in equivalent_names(Path(equivalent_file)):
+        if status == "survived" and name not in equivalent:
             print(f"SURVIVED {name}")
+    return 0 if percent is not None and percent >= min_score else 1
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    sys.exit(main(sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 95.0))

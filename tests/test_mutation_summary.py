@@ -46,3 +46,20 @@ def test_repo_equivalents_file_lists_only_mutant_names_with_reasons() -> None:
         name = line.split("`")[1]
         assert re.fullmatch(r"reference\.\w+\.x_\w+__mutmut_\d+", name), line
         assert ":" in line.split(name, 1)[1], f"no reason given: {line}"
+
+
+def test_main_fails_below_the_minimum_score(tmp_path: Path, capsys) -> None:
+    results = tmp_path / "results.txt"
+    results.write_text(RESULTS)
+    equivalent = tmp_path / "equivalent.md"
+    equivalent.write_text("- `reference.apply.x_apply__mutmut_2` (a change): a reason\n")
+    assert summary.main(str(results), str(equivalent), 95.0) == 1  # 2 of 3 scored: 66.7%
+    assert summary.main(str(results), str(equivalent), 60.0) == 0
+    out = capsys.readouterr().out
+    assert "66.7%" in out and "SURVIVED reference.apply.x_apply__mutmut_3" in out
+
+
+def test_main_fails_when_nothing_ran(tmp_path: Path) -> None:
+    results = tmp_path / "results.txt"
+    results.write_text("")
+    assert summary.main(str(results), str(tmp_path / "none.md"), 0.0) == 1
