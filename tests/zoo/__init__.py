@@ -25,6 +25,7 @@ ZOO = (
     "old_set_data",
     "ignores_overwrite_flag",
     "apply_no_memo",
+    "no_rollback",
     "class_swap",
     "make_functional",
     "no_tie_weights",
