@@ -67,6 +67,30 @@ def functional_call(
     8. Write-back (``_write_back``): a slot that forward rebound is written into the
        caller's mapping that supplied the key; in-place updates land on the caller's tensor.
     """
+    call = prepare_call(module, tensors, args, kwargs, tie_weights=tie_weights, strict=strict)
+    originals = _swap_in(call.slots)
+    try:
+        return module(*call.args, **call.kwargs)
+    finally:
+        rebound = _restore(call.slots, originals)
+        _write_back(rebound, call.slots, call.given, call.sources)
+
+
+@dataclass
+class PreparedCall:
+    """A call that passed rules 1-5: what to swap in where, with nothing touched yet."""
+
+    given: dict[str, Any]  # the caller's names and values, merged
+    sources: dict[str, Mapping]  # the caller's mapping each name came from
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    slots: list[_Slot]
+
+
+def prepare_call(module: nn.Module, tensors: Any, args: Any, kwargs: dict[str, Any] | None, *,
+                 tie_weights: bool, strict: bool) -> PreparedCall:
+    """Rules 1-5 in order (input forms, ties, one value per slot, strict, bad input); raises
+    as ``functional_call`` does. Variants that change only swapping or restoring reuse it."""
     given, sources = _merge(tensors)
     _refuse_jitted(module)
     args = () if args is None else args if isinstance(args, tuple) else (args,)
@@ -75,13 +99,7 @@ def functional_call(
     _check_one_value_per_slot(module, named)
     if strict:
         _check_strict(module, named)
-    slots = _resolve_slots(module, named)
-    originals = _swap_in(slots)
-    try:
-        return module(*args, **kwargs)
-    finally:
-        rebound = _restore(slots, originals)
-        _write_back(rebound, slots, given, sources)
+    return PreparedCall(given, sources, args, kwargs, _resolve_slots(module, named))
 
 
 def _refuse_jitted(module: nn.Module) -> None:

@@ -21,17 +21,7 @@ from torch import nn
 
 import reference
 from properties.deviations import Deviation
-from reference.functional_call import (
-    _check_one_value_per_slot,
-    _check_strict,
-    _expand_ties,
-    _merge,
-    _refuse_jitted,
-    _resolve_slots,
-    _restore,
-    _swap_in,
-    _write_back,
-)
+from reference.functional_call import _restore, _swap_in, _write_back, prepare_call
 
 
 def _split_copy(param: torch.Tensor) -> nn.Parameter:
@@ -58,23 +48,16 @@ def tie_splitting_apply(module, fn, *, overwrite, swap, recurse=True):
 def parameter_keeping_functional_call(module, tensors, args=None, kwargs=None, *,
                                       tie_weights=True, strict=False):
     """The reference's functional_call, but given parameters stay in the module afterwards."""
-    given, sources = _merge(tensors)
-    _refuse_jitted(module)
-    args = () if args is None else args if isinstance(args, tuple) else (args,)
-    kwargs = {} if kwargs is None else kwargs
-    named = _expand_ties(module, given) if tie_weights else dict(given)
-    _check_one_value_per_slot(module, named)
-    if strict:
-        _check_strict(module, named)
-    slots = _resolve_slots(module, named)
-    originals = _swap_in(slots)
+    call = prepare_call(module, tensors, args, kwargs, tie_weights=tie_weights, strict=strict)
+    originals = _swap_in(call.slots)
     try:
-        return module(*args, **kwargs)
+        return module(*call.args, **call.kwargs)
     finally:
         # planted bug: parameter slots are not put back
-        restored = [(s, o) for s, o in zip(slots, originals, strict=True) if s.kind != "_parameters"]
+        restored = [(s, o) for s, o in zip(call.slots, originals, strict=True)
+                    if s.kind != "_parameters"]
         rebound = _restore([s for s, _ in restored], [o for _, o in restored])
-        _write_back(rebound, slots, given, sources)
+        _write_back(rebound, call.slots, call.given, call.sources)
 
 
 TIE_SPLIT = Deviation(

@@ -58,33 +58,6 @@ def selector(name: str) -> str:
     return f"{__name__}.{name}:target"
 
 
-@dataclass
-class PreparedCall:
-    """A validated functional call: what the reference has decided before swapping anything."""
-
-    given: dict[str, Any]
-    sources: dict[str, Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    slots: list[Any]
-
-
-def prepare_call(module: Any, tensors: Any, args: Any, kwargs: Any, *, tie_weights: bool,
-                 strict: bool) -> PreparedCall:
-    """The reference's rules 1-5 (input forms, ties, one value per slot, strict, bad input),
-    unchanged, for zoo targets that break only how tensors are swapped in or restored."""
-
-    given, sources = ref_fc._merge(tensors)
-    ref_fc._refuse_jitted(module)
-    args = () if args is None else args if isinstance(args, tuple) else (args,)
-    kwargs = {} if kwargs is None else kwargs
-    named = ref_fc._expand_ties(module, given) if tie_weights else dict(given)
-    ref_fc._check_one_value_per_slot(module, named)
-    if strict:
-        ref_fc._check_strict(module, named)
-    return PreparedCall(given, sources, args, kwargs, ref_fc._resolve_slots(module, named))
-
-
 # ---- pytest plugin (``-p tests.zoo``): run only some properties -------------------------
 
 PROPERTIES_ENV = "SWAPSPEC_ZOO_PROPERTIES"

@@ -15,7 +15,8 @@ from typing import Any
 from torch import nn
 
 import reference
-from tests.zoo import FC_PATHS, ZooTarget, prepare_call
+from reference.functional_call import prepare_call
+from tests.zoo import FC_PATHS, ZooTarget
 from tests.zoo import ref_fc as ref
 
 ORIGIN = "class-swapping stateless.functional_call (pytorch #92295)"

@@ -14,7 +14,8 @@ from typing import Any
 from torch import nn
 
 import reference
-from tests.zoo import FC_PATHS, ZooTarget, prepare_call
+from reference.functional_call import prepare_call
+from tests.zoo import FC_PATHS, ZooTarget
 from tests.zoo import ref_fc as ref
 
 ORIGIN = "functorch make_functional: delattr + setattr (given tensors become plain attributes)"

@@ -14,7 +14,8 @@ from typing import Any
 from torch import nn
 
 import reference
-from tests.zoo import FC_PATHS, ZooTarget, prepare_call
+from reference.functional_call import prepare_call
+from tests.zoo import FC_PATHS, ZooTarget
 from tests.zoo import ref_fc as ref
 
 ORIGIN = "torch 2.13 _reparametrize_module: per-name swap leaves a given tensor in a shared slot"
