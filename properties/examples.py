@@ -74,13 +74,19 @@ class Example:
             own = {id(t) for t in self.names_before.values()}
             self.tensors_before = _copy_mappings(self.call.tensors, own)
 
+    def refused_parameter(self) -> tuple[str, bool] | None:
+        """``(parameter name, whether its grad is the refused tensor)``, or None."""
+        if self.refused is None:
+            return None
+        return self.refused.removesuffix(".grad"), self.refused.endswith(".grad")
+
     def refused_tensor(self) -> Tensor | None:
         """The tensor named by ``refused``, as it was before the target ran."""
         if self.refused is None:
             return None
-        param_name = self.refused.removesuffix(".grad")
-        tensor = self.names_before[param_name]
-        return tensor.grad if self.refused.endswith(".grad") else tensor
+        name, is_grad = self.refused_parameter()
+        tensor = self.names_before[name]
+        return tensor.grad if is_grad else tensor
 
     def has(self, fact: str) -> bool:
         """Whether the module had ``fact`` (see ``module_facts``) before the target ran."""

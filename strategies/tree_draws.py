@@ -54,12 +54,12 @@ class _Options:
     grads: bool
     param_dtypes: tuple[str, ...]
     buffer_dtypes: tuple[str, ...]
-    behaviours: tuple[str, ...] = BEHAVIOURS
-    behaviour_chance: int = 12
+    behaviours: tuple[str, ...]
+    behaviour_chance: int
 
 
 def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
-             behaviours=BEHAVIOURS, behaviour_chance=12) -> _Options:
+             behaviours, behaviour_chance) -> _Options:
     if max_depth < 0 or max_leaves < 1:
         raise ValueError(f"need max_depth >= 0 and max_leaves >= 1, got {max_depth}, {max_leaves}")
     unknown = sorted(set(behaviours) - set(BEHAVIOURS))
