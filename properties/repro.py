@@ -41,17 +41,18 @@ def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
             else f"target.apply(module, fn, overwrite={flags.overwrite}, swap={flags.swap}, "
                  f"recurse={example.recurse})")
     lines += _target_lines(target, flags)
-    lines += ["try:", f"    {call}", "finally:", *_restore_flag_lines(target)]
+    lines += ["try:", f"    {call}", "except Exception as e:  # some rules are about failed calls",
+              "    print('raised', type(e).__name__, e)", "finally:", *_restore_flag_lines(target)]
     lines += ["after = named(module)", *_assert_lines(violations)]
     return "\n".join(lines)
 
 
 def _refused_lines(example: Any) -> list[str]:
     """Hold a weak reference to the example's refused tensor, so ``swap_tensors`` refuses it."""
-    if getattr(example, "refused", None) is None:
+    if example.refused is None:
         return []
-    name = example.refused.removesuffix(".grad")
-    code = slot_code(name) + (".grad" if example.refused.endswith(".grad") else "")
+    name, is_grad = example.refused_parameter()
+    code = slot_code(name) + (".grad" if is_grad else "")
     return ["import weakref", f"held = weakref.ref({code})  # swap_tensors refuses a weakly referenced tensor"]
 
 

@@ -355,12 +355,22 @@ def _check_untouched(check: Checker, module, snap, values: dict, grad_values: di
     for name, value in values.items():
         check.that(same_values(after[name], value), "value-changed",
                    f"{name!r} changed value/dtype after a failed apply",
-                   code=f"{slot_code(name)}.dtype == before[{name!r}].dtype")
+                   code=_same_value_code(name, value))
     params = {id(t): t for t in snap.names.values()}
     for key, grad in snap.grads.items():
         now = params[key].grad
         check.that(now is grad and (grad is None or same_values(grad, grad_values[key])),
                    "grad-changed", "a grad changed after a failed apply")
+
+
+def _same_value_code(name: str, value) -> str:
+    """Repro code, true while slot ``name`` holds ``value``'s dtype and values (``before``
+    holds the same objects, which an in-place conversion changes too)."""
+    now = slot_code(name)
+    if value.device.type == "meta":
+        return f"{now}.dtype == {value.dtype}"
+    return (f"{now}.dtype == {value.dtype} and "
+            f"torch.equal({now}.detach(), torch.tensor({value.tolist()!r}, dtype={value.dtype}))")
 
 
 @spec_property("APPLY-REFUSED-SWAP")
