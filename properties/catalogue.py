@@ -12,8 +12,8 @@ import re
 import sys
 from collections.abc import Iterator
 
-PROPERTY_MODULES = ("properties.test_apply", "properties.test_functional_call",
-                    "properties.test_together", "properties.test_xla")
+PROPERTY_MODULES = ("swapspec.properties.test_apply", "swapspec.properties.test_functional_call",
+                    "swapspec.properties.test_together", "swapspec.properties.test_xla")
 
 
 def properties() -> Iterator[tuple[str, str, str]]:
@@ -39,7 +39,7 @@ def _origin(doc: str) -> str:
 
 def deviations() -> Iterator[tuple[str, str, str, str]]:
     """(properties, clauses, torch versions, reason) of every torch declaration."""
-    from properties.targets import builtin_target
+    from swapspec.properties.targets import builtin_target
 
     for d in builtin_target("torch").deviations:
         low, below = d.torch_versions

@@ -13,10 +13,10 @@ from torch import Tensor, nn
 from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from properties.deviations import Checker
-from properties.examples import Example, clone_value, named_tensors, same_values, slots
-from properties.oracle import owner_of
-from strategies import tree_info
+from swapspec.properties.deviations import Checker
+from swapspec.properties.examples import Example, clone_value, named_tensors, same_values, slots
+from swapspec.properties.oracle import owner_of
+from swapspec.strategies import tree_info
 
 
 def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -> Callable:
@@ -299,7 +299,7 @@ def same_output(a: Outcome, b: Outcome) -> bool:
 
 def conversion_named(name: str):
     """The built-in conversion called ``name`` (``"double()"``, ``"to('meta')"``...)."""
-    from strategies.conversions import CONVERSIONS
+    from swapspec.strategies.conversions import CONVERSIONS
 
     return next(c for c in CONVERSIONS if c.name == name)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from properties.examples import named_tensors
+from swapspec.properties.examples import named_tensors
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,16 @@
 """swapspec's pytest plugin: target selection, Hypothesis profiles, isolation, the report.
 
-Options (each also read from an environment variable):
+Installed, it is registered through the ``pytest11`` entry point ``swapspec.properties.plugin``;
+vendored, load it with ``-p swapspec.properties.plugin``. In a host's own tests it is inert:
+it adds its options and touches only tests marked ``swapspec_property`` (swapspec's
+properties, or a host's own tests that opt in with the marker).
 
-- ``--swapspec-target`` / ``SWAPSPEC_TARGET``: a built-in target name or
-  ``package.module:attribute`` (comma-separated for several). Default: every built-in.
+Options (each also read from an environment variable, then from the ini file):
+
+- ``--swapspec-target`` / ``SWAPSPEC_TARGET`` / ini ``swapspec_target``: a built-in target
+  name, ``all`` (every built-in), ``package.module`` or ``package.module:attribute``
+  (comma-separated for several). Collecting swapspec's properties without one is an error,
+  so a host's run never silently tests the built-ins instead of the host's code.
 - ``--swapspec-profile`` / ``SWAPSPEC_PROFILE``: load one of the registered Hypothesis
   profiles ``swapspec-dev``, ``swapspec-ci``, ``swapspec-thorough``, ``swapspec-mutation``
   (no shrinking, for ``.mutation/run``). Without it no profile
@@ -13,19 +20,26 @@ Options (each also read from an environment variable):
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import random
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-import reference
-from properties import deviations
-from properties.targets import Target, TargetError, load_targets
+from swapspec import reference
+from swapspec.properties import deviations
+from swapspec.properties import ids as property_ids
+from swapspec.properties.targets import Target, TargetError, load_targets
+
+PROPERTIES_DIR = Path(__file__).resolve().parent
 
 PROFILES = {
     "swapspec-dev": settings(max_examples=25, deadline=None),
@@ -52,10 +66,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--swapspec-profile", default=None,
                     help="Hypothesis profile to load: " + ", ".join(PROFILES))
     group.addoption("--swapspec-report", default=None, help="write the conformance table as JSON")
+    group.addoption("--swapspec-property", default=None,
+                    help="run only these property IDs (comma-separated, e.g. FC-TIES,APPLY-TIES)")
+    parser.addini("swapspec_target", "default target(s) when neither --swapspec-target nor "
+                  "SWAPSPEC_TARGET is given", default="")
 
 
 def _option(config: pytest.Config, name: str, env: str) -> str | None:
     return config.getoption(name) or os.environ.get(env) or None
+
+
+def _target_spec(config: pytest.Config) -> str | None:
+    return _option(config, "--swapspec-target", "SWAPSPEC_TARGET") or config.getini(
+        "swapspec_target") or None
+
+
+NO_TARGET = ("swapspec: no target chosen. Name the implementation under test with "
+             "--swapspec-target=pkg.mod[:attr] (or SWAPSPEC_TARGET, or swapspec_target in the "
+             "ini file); --swapspec-target=all runs the built-in targets")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,18 +94,93 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"swapspec: unknown profile {profile!r}; "
                                     f"choose one of {', '.join(PROFILES)}")
         settings.load_profile(profile)
+    spec = _target_spec(config)
+    if spec is None and _collects_properties(config):
+        raise pytest.UsageError(NO_TARGET)
     try:
-        config.swapspec_targets = load_targets(
-            _option(config, "--swapspec-target", "SWAPSPEC_TARGET"))
+        config.swapspec_targets = load_targets(spec) if spec else None
     except TargetError as e:
         raise pytest.UsageError(f"swapspec: {e}") from None
     config.swapspec_results = []
 
 
+def _collects_properties(config: pytest.Config) -> bool:
+    """Whether the run's paths reach swapspec's properties (the folder, a file in it, or a
+    folder above it)."""
+    for arg in config.args:
+        path = _arg_path(arg.split("::", 1)[0], pyargs=config.option.pyargs)
+        if path is not None and (path == PROPERTIES_DIR or path in PROPERTIES_DIR.parents
+                                 or PROPERTIES_DIR in path.parents):
+            return True
+    return False
+
+
+def _arg_path(arg: str, *, pyargs: bool) -> Path | None:
+    if pyargs:
+        with contextlib.suppress(ImportError, ValueError, AttributeError):
+            spec = importlib.util.find_spec(arg)
+            if spec is not None and spec.origin:
+                return Path(spec.origin).resolve().parent
+    path = Path(arg)
+    return path.resolve() if path.exists() else None
+
+
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """swapspec's properties folder is a plain directory to pytest: no ``__init__`` import,
+    so nothing is put on ``sys.path`` (see ``pytest_pycollect_makemodule``)."""
+    if path.resolve() == PROPERTIES_DIR:
+        return pytest.Dir.from_parent(parent, path=path)
+    return None
+
+
+class PropertyModule(pytest.Module):
+    """A test file of swapspec's properties, imported by its package name
+    (``swapspec.properties.test_apply``) however it was reached: installed, vendored or from
+    the checkout. Its folder never goes on ``sys.path``, so its file names cannot clash with a
+    host's (``test_apply.py``, ``strategies.py``)."""
+
+    def _getobj(self):
+        return importlib.import_module(f"swapspec.properties.{self.path.stem}")
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if module_path.resolve().parent == PROPERTIES_DIR:
+        return PropertyModule.from_parent(parent, path=module_path)
+    return None
+
+
+def is_property_test(node: pytest.Item | pytest.Metafunc) -> bool:
+    """Tests the plugin acts on: those marked ``swapspec_property``."""
+    definition = getattr(node, "definition", node)
+    return definition.get_closest_marker("swapspec_property") is not None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "target" in metafunc.fixturenames:
+    if "target" in metafunc.fixturenames and is_property_test(metafunc):
         targets = metafunc.config.swapspec_targets
+        if targets is None:
+            pytest.fail(NO_TARGET, pytrace=False)
         metafunc.parametrize("target", targets, ids=[t.name for t in targets])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each property test answers ``-k`` by its property ID; ``--swapspec-property`` keeps
+    only the named ones (an unknown ID is a usage error, so a typo never selects nothing)."""
+    for item in items:
+        pid = property_id(item)
+        if pid is not None:
+            item.extra_keyword_matches.add(pid)
+    wanted = _option(config, "--swapspec-property", "SWAPSPEC_PROPERTY")
+    if not wanted:
+        return
+    ids = {w.strip() for w in wanted.split(",") if w.strip()}
+    unknown = sorted(ids - set(property_ids.ALL))
+    if unknown:
+        raise pytest.UsageError(f"swapspec: unknown property ID(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(property_ids.ALL)}")
+    keep = [item for item in items if property_id(item) in ids]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
 
 
 def property_id(item: pytest.Item) -> str | None:
@@ -87,7 +190,8 @@ def property_id(item: pytest.Item) -> str | None:
 
 def _target_of(item: pytest.Item) -> Target | None:
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get("target") if callspec else None
+    target = callspec.params.get("target") if callspec else None
+    return target if isinstance(target, Target) and is_property_test(item) else None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -97,21 +201,36 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(autouse=True)
-def swapspec_isolation() -> Iterator[None]:
-    """Restore torch's and the reference's global state after every test, even on failure.
+def swapspec_isolation(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Restore global state after every swapspec property test (see ``isolated_global_state``).
+
+    Other tests of the host are left alone.
+    """
+    if not is_property_test(request.node):
+        yield
+        return
+    with isolated_global_state():
+        yield
+
+
+@contextlib.contextmanager
+def isolated_global_state() -> Iterator[None]:
+    """Restore torch's and the reference's global state on exit, even on failure.
 
     Covers ``torch.__future__``'s two flags, the reference's flags, the default dtype,
-    grad mode and the CPU RNG (torch's and Python's). A test that leaves them changed
-    fails in teardown, after they are restored.
+    grad mode and the CPU RNG (torch's and Python's). A body that leaves them changed
+    fails (``pytest.fail``) after they are restored.
     """
     saved = _global_state()
     rng = torch.get_rng_state()
     py_rng = random.getstate()
-    yield
-    leaked = {k: v for k, v in _global_state().items() if saved[k] != v}
-    _restore(saved)
-    torch.set_rng_state(rng)
-    random.setstate(py_rng)
+    try:
+        yield
+    finally:
+        leaked = {k: v for k, v in _global_state().items() if saved[k] != v}
+        _restore(saved)
+        torch.set_rng_state(rng)
+        random.setstate(py_rng)
     if leaked:
         pytest.fail(f"test leaked global state (now restored): {sorted(leaked)}")
 

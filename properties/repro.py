@@ -2,26 +2,21 @@
 
 A repro rebuilds the drawn module from its spec, runs the same call on the same target,
 and asserts each broken clause with a line of code, so it can be pasted into a bug report.
-It imports the tree builder from ``strategies``, so it puts the checkout on ``sys.path``.
+It imports the tree builder from ``swapspec.strategies``, so swapspec must be installed.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from properties.common import slot_code
-from properties.deviations import Violation
-from strategies import tree_info
-
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+from swapspec.properties.common import slot_code
+from swapspec.properties.deviations import Violation
+from swapspec.strategies import tree_info
 
 PRELUDE = [
-    "import sys",
-    f"sys.path.insert(0, {REPO_ROOT!r})  # the swapspec checkout, for its tree builder",
     "import torch",
     "",
     "def named(m):  # every name of every parameter and buffer, aliases included",
@@ -97,7 +92,7 @@ def _target_lines(target: Any, flags: Any) -> list[str]:
             f"torch.__future__.set_overwrite_module_params_on_conversion({flags.overwrite})",
             f"torch.__future__.set_swap_module_params_on_conversion({flags.swap})",
         ]
-    return ["from properties.targets import load_target", f"target = load_target({target.selector!r})"]
+    return ["from swapspec.properties.targets import load_target", f"target = load_target({target.selector!r})"]
 
 
 def _restore_flag_lines(target: Any) -> list[str]:

@@ -13,8 +13,9 @@ and optionally the data the suite reads next to it:
 - ``call_forms``: the ``tensors`` forms its ``functional_call`` takes (default: a dict, and
   tuples of dicts); the properties draw only these.
 
-Select one with ``SWAPSPEC_TARGET`` or ``--swapspec-target``: a built-in name or
-``package.module:attribute``. With neither, every built-in target runs.
+Select one with ``--swapspec-target``, ``SWAPSPEC_TARGET`` or the ini key ``swapspec_target``:
+a built-in name, ``all`` (every built-in), ``package.module`` (the module is the target) or
+``package.module:attribute``; comma-separated for several.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-import reference
-from properties.deviations import Deviation
-from properties.torch_deviations import STATELESS_DEVIATIONS, TORCH_DEVIATIONS
-from properties.xla_deviations import XLA_DEVIATIONS
+from swapspec import reference
+from swapspec.properties.deviations import Deviation
+from swapspec.properties.torch_deviations import STATELESS_DEVIATIONS, TORCH_DEVIATIONS
+from swapspec.properties.xla_deviations import XLA_DEVIATIONS
 
 BUILTIN_NAMES = ("reference", "torch", "torch-stateless")
 
@@ -124,20 +125,24 @@ def from_object(obj: Any) -> Target:
 
 
 def load_target(spec: str) -> Target:
-    """A built-in name, or ``package.module:attribute`` naming a target object."""
+    """A built-in name, ``package.module`` or ``package.module:attribute`` naming a target."""
     spec = spec.strip()
-    if ":" not in spec:
+    if ":" not in spec and (spec in BUILTIN_NAMES or "." not in spec):
         return builtin_target(spec)
     module_name, _, attribute = spec.partition(":")
     try:
-        obj = getattr(importlib.import_module(module_name), attribute)
+        obj = importlib.import_module(module_name)
+        if attribute:
+            obj = getattr(obj, attribute)
     except (ImportError, AttributeError) as e:
         raise TargetError(f"cannot load target {spec!r}: {type(e).__name__}: {e}") from e
     return dataclasses.replace(from_object(obj), spec=spec)
 
 
-def load_targets(spec: str | None) -> Sequence[Target]:
-    """The selected targets: the one ``spec`` names, or every built-in when it is empty."""
-    if not spec:
-        return [builtin_target(name) for name in BUILTIN_NAMES]
-    return [load_target(part) for part in spec.split(",") if part.strip()]
+def load_targets(spec: str) -> Sequence[Target]:
+    """The targets ``spec`` names; ``all`` stands for every built-in."""
+    names = [part.strip() for part in spec.split(",") if part.strip()]
+    names = [n for part in names for n in (BUILTIN_NAMES if part == "all" else (part,))]
+    if not names:
+        raise TargetError(f"no target in {spec!r}")
+    return [load_target(name) for name in names]

@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from properties.common import (
+from swapspec.properties.common import (
     check_path,
     conversion_named,
     converted_like,
@@ -27,11 +27,11 @@ from properties.common import (
     snapshot_for_apply,
     spec_property,
 )
-from properties.deviations import Checker
-from properties.examples import Example, alias_groups, named_tensors, same_values, slots
-from properties.repro import apply_repro
-from strategies import conversions, flag_settings, module_trees, value_changing_conversions
-from strategies.conversions import raising_conversion
+from swapspec.properties.deviations import Checker
+from swapspec.properties.examples import Example, alias_groups, named_tensors, same_values, slots
+from swapspec.properties.repro import apply_repro
+from swapspec.strategies import conversions, flag_settings, module_trees, value_changing_conversions
+from swapspec.strategies.conversions import raising_conversion
 
 trees = module_trees()
 plain_conversions = conversions(raising=False)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from properties.common import (
+from swapspec.properties.common import (
     Outcome,
     attempt,
     check_untouched,
@@ -30,9 +30,9 @@ from properties.common import (
     spec_property,
     watch_forward,
 )
-from properties.deviations import Checker
-from properties.examples import Example, named_tensors, same_values, slots
-from properties.oracle import (
+from swapspec.properties.deviations import Checker
+from swapspec.properties.examples import Example, named_tensors, same_values, slots
+from swapspec.properties.oracle import (
     ExpectedError,
     expected_outcome,
     expected_view,
@@ -41,8 +41,8 @@ from properties.oracle import (
     slot_of,
     tie_groups,
 )
-from properties.repro import call_repro
-from strategies import ForwardError, call_inputs, module_trees, tree_info
+from swapspec.properties.repro import call_repro
+from swapspec.strategies import ForwardError, call_inputs, module_trees, tree_info
 
 trees = module_trees()
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.

@@ -8,7 +8,7 @@ from functools import partial
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from properties.common import (
+from swapspec.properties.common import (
     attempt,
     check_untouched,
     conversion_named,
@@ -16,11 +16,11 @@ from properties.common import (
     module_state,
     spec_property,
 )
-from properties.deviations import Checker
-from properties.examples import Example, named_tensors
-from properties.oracle import ExpectedError, expected_outcome, slot_of
-from properties.repro import call_repro
-from strategies import call_inputs, conversions, flag_settings, module_trees
+from swapspec.properties.deviations import Checker
+from swapspec.properties.examples import Example, named_tensors
+from swapspec.properties.oracle import ExpectedError, expected_outcome, slot_of
+from swapspec.properties.repro import call_repro
+from swapspec.strategies import call_inputs, conversions, flag_settings, module_trees
 
 trees = module_trees()
 cpu_conversions = conversions(devices=["cpu"], raising=False).filter(

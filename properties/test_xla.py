@@ -16,8 +16,8 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import reference
-from properties.common import (
+from swapspec import reference
+from swapspec.properties.common import (
     attempt,
     check_path,
     conversion_named,
@@ -29,10 +29,10 @@ from properties.common import (
     snapshot_for_apply,
     spec_property,
 )
-from properties.deviations import Checker, Violation
-from properties.examples import Example, alias_groups, named_tensors, same_values
-from properties.repro import apply_repro
-from strategies import (
+from swapspec.properties.deviations import Checker, Violation
+from swapspec.properties.examples import Example, alias_groups, named_tensors, same_values
+from swapspec.properties.repro import apply_repro
+from swapspec.strategies import (
     BATCH,
     FEATURES,
     flag_settings,
@@ -41,7 +41,7 @@ from strategies import (
     tree_info,
     xla_device,
 )
-from strategies.devices import xla_available
+from swapspec.strategies.devices import xla_available
 
 pytestmark = pytest.mark.skipif(
     not xla_available(), reason="torch_xla is not installed: run .ci/xla-leg for the XLA leg")
@@ -55,7 +55,7 @@ xla_dtype_changes = st.sampled_from([conversion_named(n) for n in (
     "to(torch.float64)", "half()", "double()", "float()", "bfloat16()")])
 
 REPRO_HEADER = ("import os\nos.environ.setdefault('PJRT_DEVICE', 'CPU')\n"
-                "from strategies.devices import xla_device\n")
+                "from swapspec.strategies.devices import xla_device\n")
 
 
 @pytest.fixture(scope="session")
@@ -264,7 +264,7 @@ def test_xla_dtype_change_path(target, xla, module, conversion, flags):
                 continue
             path = expected_path(before, expected, flags.overwrite, flags.swap)
             check_path(check, name, before, now, snap.cdata[id(before)], path)
-    _verdict(check, example, target, before="import reference\nreference.apply(module, "
+    _verdict(check, example, target, before="from swapspec import reference\nreference.apply(module, "
              "lambda t: t.to(xla_device()), overwrite=False, swap=False)")
 
 

@@ -19,10 +19,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from properties.common import attempt, clone_value, is_uninitialized, loaded_copy
-from properties.deviations import Deviation
-from properties.examples import Example, alias_groups, named_tensors
-from properties.oracle import (
+from swapspec.properties.common import attempt, clone_value, is_uninitialized, loaded_copy
+from swapspec.properties.deviations import Deviation
+from swapspec.properties.examples import Example, alias_groups, named_tensors
+from swapspec.properties.oracle import (
     ExpectedError,
     expand,
     expected_outcome,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from properties.deviations import Deviation
+from swapspec.properties.deviations import Deviation
 
 TORCH_XLA = ("2.9", "2.10")  # the torch releases the XLA leg was observed on
 

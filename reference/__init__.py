@@ -3,15 +3,15 @@
 The module itself is a target (it has ``name``, ``apply`` and ``functional_call``).
 """
 
-from reference.apply import apply, choose_path
-from reference.flags import (
+from swapspec.reference.apply import apply, choose_path
+from swapspec.reference.flags import (
     flags,
     get_overwrite_module_params_on_conversion,
     get_swap_module_params_on_conversion,
     set_overwrite_module_params_on_conversion,
     set_swap_module_params_on_conversion,
 )
-from reference.functional_call import functional_call
+from swapspec.reference.functional_call import functional_call
 
 name = "reference"
 

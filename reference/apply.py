@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import UninitializedParameter, UninitializedTensorMixin
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from reference.flags import (
+from swapspec.reference.flags import (
     get_overwrite_module_params_on_conversion,
     get_swap_module_params_on_conversion,
 )

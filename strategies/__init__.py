@@ -4,17 +4,23 @@ See each strategy's docstring for its options and shrinking rules, and ``python 
 measured reach of every feature.
 """
 
-from strategies.calls import CallInput, FlagSetting, call_inputs, flag_settings, forward_inputs
-from strategies.conversions import (
+from swapspec.strategies.calls import (
+    CallInput,
+    FlagSetting,
+    call_inputs,
+    flag_settings,
+    forward_inputs,
+)
+from swapspec.strategies.conversions import (
     Conversion,
     ConversionError,
     conversions,
     value_changing_conversions,
 )
-from strategies.devices import detected_devices, xla_device
-from strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
-from strategies.tree_draws import module_trees, tree_specs
-from strategies.trees import TreeInfo, TreeSpec, build_tree, tree_info
+from swapspec.strategies.devices import detected_devices, xla_device
+from swapspec.strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
+from swapspec.strategies.tree_draws import module_trees, tree_specs
+from swapspec.strategies.trees import TreeInfo, TreeSpec, build_tree, tree_info
 
 __all__ = [
     "BATCH",

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from strategies.modules import BATCH, FEATURES
-from strategies.trees import DTYPES, join, tensor_values
+from swapspec.strategies.modules import BATCH, FEATURES
+from swapspec.strategies.trees import DTYPES, join, tensor_values
 
 FORMS = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
 VALUE_KINDS = ("fresh", "own", "none", "other-dtype")

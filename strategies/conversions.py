@@ -35,13 +35,13 @@ from hypothesis import event
 from hypothesis import strategies as st
 from torch import Tensor
 
-from strategies.devices import detected_devices, xla_device
+from swapspec.strategies.devices import detected_devices, xla_device
 
 REPRO_IMPORTS = (
     "import torch\n"
     "from torch.testing._internal.two_tensor import TwoTensor  # noqa: F401\n"
-    "from strategies.conversions import raise_on  # noqa: F401\n"
-    "from strategies.devices import xla_device  # noqa: F401\n"
+    "from swapspec.strategies.conversions import raise_on  # noqa: F401\n"
+    "from swapspec.strategies.devices import xla_device  # noqa: F401\n"
 )
 
 

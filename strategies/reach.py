@@ -15,10 +15,10 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from strategies.calls import call_inputs, flag_settings
-from strategies.conversions import conversions
-from strategies.tree_draws import module_trees
-from strategies.trees import tree_info
+from swapspec.strategies.calls import call_inputs, flag_settings
+from swapspec.strategies.conversions import conversions
+from swapspec.strategies.tree_draws import module_trees
+from swapspec.strategies.trees import tree_info
 
 
 def sample(strategy: st.SearchStrategy[Any], n: int, features: Callable[[Any], Iterable[str]]) -> list[frozenset[str]]:

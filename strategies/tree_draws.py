@@ -17,7 +17,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from torch import nn
 
-from strategies.trees import (
+from swapspec.strategies.trees import (
     CONTAINER_KINDS,
     ContainerSpec,
     LeafSpec,

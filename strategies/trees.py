@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from strategies import modules as M
+from swapspec.strategies import modules as M
 
 CONTAINER_KINDS = ("Sequential", "ModuleList", "ModuleDict", "Block")
 REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "LazyLinear")
@@ -360,8 +360,8 @@ class TreeInfo:
     def source(self, var: str = "module") -> str:
         """Python lines that rebuild the module into variable ``var`` (exec-able from the repo root)."""
         return (
-            "from strategies import build_tree\n"
-            f"from strategies.trees import {', '.join(SPEC_CLASSES)}  # noqa: F401\n"
+            "from swapspec.strategies import build_tree\n"
+            f"from swapspec.strategies.trees import {', '.join(SPEC_CLASSES)}  # noqa: F401\n"
             f"{var} = build_tree({self.spec!r})\n"
         )
 

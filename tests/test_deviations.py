@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from properties import deviations
-from properties.deviations import Checker, ConformanceError, Deviation, version_in_range
-from properties.plugin import conformance_table, render_cell, render_table
+from swapspec.properties import deviations
+from swapspec.properties.deviations import Checker, ConformanceError, Deviation, version_in_range
+from swapspec.properties.plugin import conformance_table, render_cell, render_table
 
 # ---- version_in_range ----------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ def test_repo_equivalents_file_lists_only_mutant_names_with_reasons() -> None:
     assert entries, "no equivalent mutants listed"
     for line in entries:
         name = line.split("`")[1]
-        assert re.fullmatch(r"reference\.\w+\.x_\w+__mutmut_\d+", name), line
+        assert re.fullmatch(r"swapspec\.reference\.\w+\.x_\w+__mutmut_\d+", name), line
         assert ":" in line.split(name, 1)[1], f"no reason given: {line}"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from properties.plugin import render_cell
+from swapspec.properties.plugin import render_cell
 
 REPO = Path(__file__).resolve().parents[1]
 PLANTED = "tests.planted.broken_reference"
@@ -311,14 +311,14 @@ def _profile_line(run: Run) -> str:
     ((), {"SWAPSPEC_PROFILE": "swapspec-thorough"}, "max_examples=400 derandomize=False"),
 ], ids=["none", "option", "env"])
 def test_profile_selection(host_project, args, env, want):
-    run = run_pytest(host_project, "-p", "properties.plugin", "-s", "test_probe.py", *args,
+    run = run_pytest(host_project, "-p", "swapspec.properties.plugin", "-s", "test_probe.py", *args,
                      cwd=host_project, **env)
     assert run.returncode == 0, run.output[-3000:]
     assert _profile_line(run) == want
 
 
 def test_unknown_profile_is_usage_error(host_project):
-    run = run_pytest(host_project, "-p", "properties.plugin", "test_probe.py",
+    run = run_pytest(host_project, "-p", "swapspec.properties.plugin", "test_probe.py",
                      "--swapspec-profile=nosuch", cwd=host_project)
     assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.output
     assert "Traceback" not in run.output
@@ -332,10 +332,12 @@ def test_unknown_profile_is_usage_error(host_project):
 ISOLATION = """
 import random
 
+import pytest
 import torch
 
-import reference
+from swapspec import reference
 
+pytestmark = pytest.mark.swapspec_property("HOST-ISOLATED")  # opts these tests in
 torch.manual_seed(1234)
 random.seed(99)
 TORCH_RNG = torch.get_rng_state()
@@ -379,7 +381,7 @@ def test_isolation_restores_and_names_leaks(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_iso.py").write_text(textwrap.dedent(ISOLATION))
     junit = tmp_path / "junit.xml"
-    run = run_pytest(tmp_path, "-p", "properties.plugin", "test_iso.py", f"--junitxml={junit}", cwd=tmp_path)
+    run = run_pytest(tmp_path, "-p", "swapspec.properties.plugin", "test_iso.py", f"--junitxml={junit}", cwd=tmp_path)
     assert run.returncode == 1, run.output[-3000:]
     summary = run.stdout.splitlines()[-1]
     assert "1 failed, 3 passed, 2 errors" in summary, summary
@@ -395,3 +397,74 @@ def test_isolation_restores_and_names_leaks(tmp_path):
     passed = [c.get("name") for c in cases
               if not any(x.tag in ("failure", "error", "skipped") for x in c)]
     assert passed == ["test_b_sees_everything_restored", "test_d_changes_only_rng"]
+
+
+HOST_TESTS = """
+import pytest
+import torch
+
+
+@pytest.fixture(params=["a", "b"])
+def target(request):
+    return request.param
+
+
+def test_host_target_fixture_is_the_hosts(target):
+    assert target in ("a", "b")
+
+
+def test_host_leak_is_the_hosts_business():
+    torch.set_default_dtype(torch.float64)
+
+
+def test_host_sees_its_own_leak():
+    assert torch.get_default_dtype() == torch.float64
+    torch.set_default_dtype(torch.float32)
+"""
+
+
+def test_plugin_is_inert_in_a_hosts_own_tests(tmp_path):
+    """Installed, the plugin loads in every run of the host; it must not parametrize, isolate
+    or fail the host's own tests, nor ask for a target when no property is collected."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_host.py").write_text(textwrap.dedent(HOST_TESTS))
+    run = run_pytest(tmp_path, "-p", "no:randomly", "test_host.py", "-v", cwd=tmp_path)
+    assert run.returncode == 0, run.output[-3000:]
+    assert "4 passed" in run.stdout.splitlines()[-1], run.output[-3000:]
+    assert "swapspec conformance report" not in run.output
+    assert "--swapspec-target" in run_pytest(tmp_path, "--help", cwd=tmp_path).stdout
+
+
+def test_exported_property_ids_are_exactly_the_catalogue():
+    from swapspec.properties import ids
+    from swapspec.properties.catalogue import properties
+
+    defined = [pid for pid, _, _ in properties()]
+    assert sorted(defined) == sorted(ids.ALL)
+    assert len(set(ids.ALL)) == len(ids.ALL)
+    for family, members in ids.FAMILIES.items():
+        prefix = {"apply": "APPLY-", "functional_call": "FC-", "together": "TOGETHER-", "xla": "XLA-"}
+        assert all(m.startswith(prefix[family]) for m in members), family
+
+
+def test_select_by_property_id(tmp_path):
+    run = run_pytest(tmp_path, "--co", "-q", "properties", "--swapspec-target=reference",
+                     "--swapspec-property", "FC-TIES,APPLY-TIES")
+    assert run.returncode == 0, run.output[-2000:]
+    collected = [line for line in run.stdout.splitlines() if "::" in line]
+    assert collected == ["properties/test_apply.py::test_apply_keeps_ties[reference]",
+                         "properties/test_functional_call.py::test_fc_tie_rules[reference]"]
+    by_k = run_pytest(tmp_path, "--co", "-q", "properties", "--swapspec-target=reference",
+                      "-k", "FC-TIES")
+    assert [line for line in by_k.stdout.splitlines() if "::" in line] == collected[1:]
+    typo = run_pytest(tmp_path, "--co", "properties", "--swapspec-property", "FC-TIE")
+    assert typo.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "unknown property ID(s) FC-TIE" in typo.stderr
+
+
+def test_collecting_properties_without_a_target_outside_the_checkout_is_a_usage_error(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    run = run_pytest(tmp_path, "--pyargs", "swapspec.properties", cwd=tmp_path)
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.output[-2000:]
+    assert "swapspec: no target chosen" in run.stderr
+    assert "Traceback" not in run.output

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.testing._internal.two_tensor import TwoTensor
 
-import reference
+from swapspec import reference
 from tests.helpers_modules import (
     FLAG_IDS,
     FLAG_SETTINGS,

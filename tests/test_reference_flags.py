@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import reference
+from swapspec import reference
 from tests.helpers_modules import linear
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def _state() -> tuple[bool, bool]:
 def test_both_flags_default_false_in_fresh_process():
     """Flags: both flags are False in a freshly imported reference."""
     code = (
-        "import reference as r; "
+        "from swapspec import reference as r; "
         "print(r.get_overwrite_module_params_on_conversion(), "
         "r.get_swap_module_params_on_conversion())"
     )

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-import reference
+from swapspec import reference
 from tests.helpers_modules import (
     Boom,
     BoomBase,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from strategies import (
+from swapspec.strategies import (
     BATCH,
     FEATURES,
     CallInput,
@@ -26,14 +26,14 @@ from strategies import (
     tree_info,
     tree_specs,
 )
-from strategies.calls import valid_names
-from strategies.conversions import (
+from swapspec.strategies.calls import valid_names
+from swapspec.strategies.conversions import (
     ADD_ONE,
     ADD_ONE_WRAPPING_MATRICES,
     CONVERSIONS,
     raising_conversion,
 )
-from strategies.trees import LeafSpec, TensorSpec, TreeSpec
+from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 X = torch.linspace(-1, 1, BATCH * FEATURES).reshape(BATCH, FEATURES)

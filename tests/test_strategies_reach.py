@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from strategies.conversions import CONVERSIONS
-from strategies.reach import call_reach, conversion_reach, frequencies, table, tree_reach
+from swapspec.strategies.conversions import CONVERSIONS
+from swapspec.strategies.reach import call_reach, conversion_reach, frequencies, table, tree_reach
 
 TREE_FLOORS = {
     "ties": 0.20,

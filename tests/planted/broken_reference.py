@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-import reference
-from properties.deviations import Deviation
-from reference.functional_call import _restore, _swap_in, _write_back, prepare_call
+from swapspec import reference
+from swapspec.properties.deviations import Deviation
+from swapspec.reference.functional_call import _restore, _swap_in, _write_back, prepare_call
 
 
 def _split_copy(param: torch.Tensor) -> nn.Parameter:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-ref_fc = importlib.import_module("reference.functional_call")  # the module, not the function
+ref_fc = importlib.import_module("swapspec.reference.functional_call")  # the module, not the function
 
 ZOO = (
     "old_set_data",
@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
     wanted = {p for p in os.environ.get(PROPERTIES_ENV, "").split(",") if p}
     if not wanted:
         return
-    from properties.plugin import property_id
+    from swapspec.properties.plugin import property_id
 
     keep = [item for item in items if property_id(item) in wanted]
     dropped = [item for item in items if property_id(item) not in wanted]

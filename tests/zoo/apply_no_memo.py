@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-import reference
+from swapspec import reference
 from tests.zoo import APPLY_PATHS, ZooTarget
 
 ORIGIN = "torch _apply recursion: no memo across modules (tied weights converted twice)"

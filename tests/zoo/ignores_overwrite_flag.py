@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-import reference
+from swapspec import reference
 from tests.zoo import APPLY_PATHS, ZooTarget
 
 ORIGIN = "overwrite flag ignored (pytorch #21613 added it)"

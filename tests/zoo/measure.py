@@ -104,8 +104,8 @@ def _figures(nodeid: str, recorder: _Recorder, pid: str) -> PropertyFigures:
 
 def _shrunk_size(text: str) -> tuple[int | None, int | None]:
     """Module/tensor counts of the last ``build_tree(TreeSpec(...))`` in a failure text."""
-    from strategies import build_tree, tree_info
-    from strategies import trees as spec_classes
+    from swapspec.strategies import build_tree, tree_info
+    from swapspec.strategies import trees as spec_classes
 
     specs = TREE_RE.findall(text)
     if not specs:
@@ -120,7 +120,7 @@ def measure_one(name: str, run_all: bool) -> TargetFigures:
     import pytest
     from hypothesis.internal.observability import add_observability_callback
 
-    from properties.plugin import property_id
+    from swapspec.properties.plugin import property_id
     from tests.zoo import PROPERTIES_ENV, selector, zoo_module
 
     zoo = zoo_module(name)

@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-import reference
-from reference.functional_call import prepare_call
+from swapspec import reference
+from swapspec.reference.functional_call import prepare_call
 from tests.zoo import FC_PATHS, ZooTarget
 from tests.zoo import ref_fc as ref
 

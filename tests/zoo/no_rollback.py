@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-import reference
+from swapspec import reference
 from tests.zoo import APPLY_PATHS, ZooTarget
 
-ref_apply = importlib.import_module("reference.apply")  # the module, not the function
+ref_apply = importlib.import_module("swapspec.reference.apply")  # the module, not the function
 
 ORIGIN = "torch _apply swap path: a refused swap leaves earlier tensors converted (pytorch #113000)"
 CAUGHT_BY = frozenset({"APPLY-REFUSED-SWAP"})

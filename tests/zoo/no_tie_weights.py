@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-import reference
+from swapspec import reference
 from tests.zoo import FC_PATHS, ZooTarget
 
 ORIGIN = "functional_call without weight tying (pytorch #86708)"

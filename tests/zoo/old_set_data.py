@@ -22,7 +22,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-import reference
+from swapspec import reference
 from tests.zoo import APPLY_PATHS, ZooTarget
 
 ORIGIN = "torch <= 1.1 _apply: param.data = fn(param.data) (pytorch #17072)"

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-import reference
+from swapspec import reference
 from tests.zoo import FC_PATHS, ZooTarget
 from tests.zoo import ref_fc as ref
 

@@ -1,0 +1,26 @@
+"""Every property ID, grouped by family, for hosts to name in skips and deviations.
+
+``tests/test_plugin.py`` checks that these tuples list exactly the properties the test
+files define, so a host can rely on them.
+"""
+
+from __future__ import annotations
+
+APPLY = (
+    "APPLY-ATOMIC", "APPLY-FN-ONCE", "APPLY-GRADS", "APPLY-NO-SET-DATA-ACROSS-IMPL",
+    "APPLY-NONE-SLOTS", "APPLY-PARAMETER-IDENTITY", "APPLY-PATH", "APPLY-RECURSE-FALSE",
+    "APPLY-REFUSED-SWAP", "APPLY-ROUND-TRIP", "APPLY-TIES", "APPLY-VALUES",
+)
+FUNCTIONAL_CALL = (
+    "FC-BAD-INPUT", "FC-GRADIENTS", "FC-INPUT-FORMS", "FC-ORACLE", "FC-RESTORE", "FC-STRICT",
+    "FC-TIES", "FC-VISIBLE", "FC-WRITE-BACK",
+)
+TOGETHER = ("TOGETHER-APPLY-IN-FORWARD", "TOGETHER-CONVERTED-CALL")
+XLA = (
+    "XLA-DTYPE-PATH", "XLA-FUNCTIONAL-CALL", "XLA-MOVE-ALL-FLAGS", "XLA-ROUND-TRIP",
+    "XLA-SET-DATA-REFUSED", "XLA-STATE",
+)
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
+}
+ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
