@@ -165,7 +165,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each property test answers ``-k`` by its property ID; ``--swapspec-property`` keeps
-    only the named ones (an unknown ID is a usage error, so a typo never selects nothing)."""
+    only the named ones among them, and leaves other tests alone (an unknown ID is a usage error,
+    so a typo never selects nothing)."""
     for item in items:
         pid = property_id(item)
         if pid is not None:
@@ -178,7 +179,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unknown:
         raise pytest.UsageError(f"swapspec: unknown property ID(s) {', '.join(unknown)}; "
                                 f"known: {', '.join(property_ids.ALL)}")
-    keep = [item for item in items if property_id(item) in ids]
+    keep = [item for item in items if property_id(item) in ids or property_id(item) is None]
     config.hook.pytest_deselected(items=[item for item in items if item not in keep])
     items[:] = keep
 
