@@ -12,7 +12,8 @@ import re
 import sys
 from collections.abc import Iterator
 
-PROPERTY_MODULES = ("swapspec.properties.test_apply", "swapspec.properties.test_functional_call",
+PROPERTY_MODULES = ("swapspec.properties.test_apply", "swapspec.properties.test_apply_training",
+                    "swapspec.properties.test_functional_call",
                     "swapspec.properties.test_together", "swapspec.properties.test_xla")
 
 

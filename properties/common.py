@@ -319,6 +319,23 @@ def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any) -> tuple[n
     return copy, fresh_kwargs(call)
 
 
+def fresh_copy_holding(module: nn.Module) -> nn.Module:
+    """A fresh build of ``module``'s tree whose every slot holds a clone of ``module``'s tensor
+    there, one clone per object (ties stay ties), set with ``setattr`` so modules that derive
+    state from their parameters (an RNN's ``_flat_weights``) see them."""
+    copy = tree_info(module).build()
+    named = named_tensors(module)
+    clones = identity_preserving_clones(named.values())
+    for name, value in named.items():
+        prefix, _, key = name.rpartition(".")
+        owner = copy.get_submodule(prefix) if prefix else copy
+        clone = clones[id(value)]
+        if key in owner._parameters and not isinstance(clone, nn.Parameter):
+            clone = nn.Parameter(clone, requires_grad=value.requires_grad)
+        setattr(owner, key, clone)
+    return copy
+
+
 def fresh_kwargs(call: Any) -> dict[str, Any]:
     """The call's kwargs with a new ``report`` list, so runs do not share one."""
     return {k: ([] if k == "report" else v) for k, v in call.kwargs.items()}

@@ -26,10 +26,15 @@ PRELUDE = [
 ]
 
 
-def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
-    """A script that converts the example's module on ``target`` and shows the broken rule."""
+def apply_repro(example: Any, target: Any, violations: list[Violation], *,
+                setup: list[str] = (), extra: list[str] = ()) -> str:
+    """A script that converts the example's module on ``target`` and shows the broken rule.
+
+    ``setup`` lines run after the module is built (before the snapshot ``before``), ``extra``
+    lines after the conversion (before the asserts).
+    """
     flags = example.flags
-    lines = [*PRELUDE, *_tree_lines(example.module)]
+    lines = [*PRELUDE, *_tree_lines(example.module), *setup]
     lines += ["before = named(module)", *example.conversion.source("fn").splitlines()]
     lines += _refused_lines(example)
     call = (f"module._apply(fn, recurse={example.recurse})" if target.name.startswith("torch")
@@ -38,7 +43,7 @@ def apply_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     lines += _target_lines(target, flags)
     lines += ["try:", f"    {call}", "except Exception as e:  # some rules are about failed calls",
               "    print('raised', type(e).__name__, e)", "finally:", *_restore_flag_lines(target)]
-    lines += ["after = named(module)", *_assert_lines(violations)]
+    lines += ["after = named(module)", *extra, *_assert_lines(violations)]
     return "\n".join(lines)
 
 
@@ -51,8 +56,12 @@ def _refused_lines(example: Any) -> list[str]:
     return ["import weakref", f"held = weakref.ref({code})  # swap_tensors refuses a weakly referenced tensor"]
 
 
-def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:
-    """A script that runs the example's functional call on ``target`` and shows the broken rule."""
+def call_repro(example: Any, target: Any, violations: list[Violation], *,
+               setup: list[str] = ()) -> str:
+    """A script that runs the example's functional call on ``target`` and shows the broken rule.
+
+    ``setup`` lines run after the module is built and the call's arguments are defined.
+    """
     call = example.call
     own = {id(t): f"before[{name!r}]" for name, t in example.names_before.items()}
     lines = [*PRELUDE, *_tree_lines(example.module), "before = named(module)"]
@@ -61,7 +70,7 @@ def call_repro(example: Any, target: Any, violations: list[Violation]) -> str:
     lines.append(f"tensors = {_tensors_code(tensors, own)}")
     lines.append(f"args = {_value_code(call.args, own)}")
     lines.append(f"kwargs = {_value_code(call.kwargs, own)}")
-    lines += _target_lines(target, None)
+    lines += [*setup, *_target_lines(target, None)]
     fc = {"torch": "torch.func.functional_call",
           "torch-stateless": "torch.nn.utils.stateless.functional_call"}.get(
               target.name, "target.functional_call")

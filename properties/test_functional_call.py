@@ -8,12 +8,15 @@ Origin of the design: pytorch PR #92536 (swap tensors straight into ``_parameter
 from __future__ import annotations
 
 import dataclasses
+from copy import deepcopy
 from functools import partial
 from typing import Any
 
+import torch
 from hypothesis import HealthCheck, assume, given
 from hypothesis import strategies as st
 from torch import Tensor
+from torch.nn.utils import parametrize
 
 from swapspec.properties.common import (
     Outcome,
@@ -42,7 +45,15 @@ from swapspec.properties.oracle import (
     tie_groups,
 )
 from swapspec.properties.repro import call_repro
-from swapspec.strategies import ForwardError, call_inputs, module_trees, tree_info
+from swapspec.strategies import (
+    CallInput,
+    ForwardError,
+    call_inputs,
+    forward_inputs,
+    module_trees,
+    tree_info,
+)
+from swapspec.strategies.decorations import PARAMETRIZATIONS
 
 trees = module_trees()
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
@@ -431,3 +442,100 @@ def _leaf(value: Any) -> Any:
     if isinstance(value, Tensor) and value.is_floating_point() and value.device.type == "cpu":
         return value.detach().clone().requires_grad_()
     return value
+
+
+parametrized_trees = module_trees(decoration_chance=100, decoration_kinds=PARAMETRIZATIONS,
+                                  behaviours=())
+
+
+@spec_property("FC-PARAMETRIZED")
+@given(data=st.data())
+def test_fc_parametrized_names(target, data):
+    """On a parametrized module, a value given under the attribute's own name disables the
+    parametrization for the call (forward reads that very tensor); a value given under
+    ``<path>.parametrizations.<name>.original`` is the parametrization's input. Either way
+    the module is left as it was.
+
+    Origin: the notes of ``torch.func.functional_call``'s documentation, held to their word.
+    """
+    module = data.draw(parametrized_trees, label="module")
+    attributes = parametrized_attributes(module)
+    assume(attributes)
+    path, name = data.draw(st.sampled_from(attributes), label="attribute")
+    owner = module.get_submodule(path) if path else module
+    disable = data.draw(st.booleans(), label="under its own name")
+    key, value, expected = _parametrized_input(owner, path, name, disable, data)
+    (x,) = data.draw(forward_inputs(), label="x")
+    call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}))
+    example = Example(module, call=call)
+    check = Checker("FC-PARAMETRIZED", target, example)
+    before = module_state(module)
+    seen: dict[str, Any] = {}
+    handle = owner.register_forward_pre_hook(lambda m, a: seen.update(value=getattr(m, name)))
+    try:
+        outcome = _call(target, module, call)
+    finally:
+        handle.remove()
+    if check.that(outcome.error is None, "raised",
+                  f"functional_call raised {type(outcome.error).__name__}: {outcome.error}"):
+        got = seen.get("value")
+        if disable:
+            check.that(got is value, "not-disabled",
+                       f"forward read {name!r} of {path or '<root>'!r} as another tensor than "
+                       f"the one given under {key!r}: the parametrization was not disabled",
+                       code=f"seen['value'] is tensors[{key!r}]")
+        else:
+            check.that(got is not None and same_values(got.detach(), expected), "not-applied",
+                       f"forward read {name!r} as something other than the parametrization of "
+                       f"the tensor given under {key!r}")
+    originals = {id(t) for t in plist_tensors(owner, name)}
+    check_untouched(check, before, module, "not-restored", values_of=originals)
+    check.verdict(partial(call_repro, example, target, setup=[
+        "seen = {}",
+        f"owner = module.get_submodule({path!r}) if {path!r} else module",
+        f"owner.register_forward_pre_hook(lambda m, a: seen.update(value=getattr(m, {name!r})))"]))
+
+
+def parametrized_attributes(module) -> list[tuple[str, str]]:
+    """``(module path, attribute)`` of every parametrized attribute, each module once."""
+    seen, out = set(), []
+    for path, m in module.named_modules():
+        if id(m) not in seen and parametrize.is_parametrized(m):
+            seen.add(id(m))
+            out += [(path, name) for name in m.parametrizations]
+    return out
+
+
+def plist_tensors(owner, name: str) -> list[Tensor]:
+    """The tensors a parametrized attribute is computed from (its ``original`` ones)."""
+    return list(owner.parametrizations[name]._parameters.values())
+
+
+def _parametrized_input(owner, path, name, disable, data):
+    """``(key, value, what forward should read)`` for one parametrized attribute."""
+    prefix = f"{path}." if path else ""
+    plist = owner.parametrizations[name]
+    if disable:
+        current = getattr(owner, name)
+        value = _fresh_like(current, data)
+        return f"{prefix}{name}", value, value
+    originals = [k for k in plist._parameters if k.startswith("original")]
+    key = data.draw(st.sampled_from(sorted(originals)), label="original")
+    value = _fresh_like(plist._parameters[key], data)
+    expected = _parametrization_of(plist, key, value)
+    return f"{prefix}parametrizations.{name}.{key}", value, expected
+
+
+def _fresh_like(t: Tensor, data) -> Tensor:
+    seed = data.draw(st.integers(0, 2**16), label="value seed")
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.rand(t.shape, generator=gen, dtype=torch.float64) * 2 - 1
+    return values.to(t.dtype).requires_grad_(t.requires_grad)
+
+
+def _parametrization_of(plist, key: str, value: Tensor) -> Tensor:
+    """What the parametrization list reads with ``value`` as its ``key`` (computed on a copy)."""
+    copy = deepcopy(plist)
+    copy._parameters[key] = value
+    with torch.no_grad():
+        return copy().detach()

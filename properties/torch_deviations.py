@@ -424,6 +424,39 @@ def shared_slot_write_back_wrong(example: Example) -> bool:
     return bool(second) and bool(set(second) & _rebound_by_forward(example, given, filled))
 
 
+def _given_parametrized_attribute(example: Example) -> nn.Module | None:
+    """The ``ParametrizationList`` whose attribute the call names directly (``weight`` of a
+    parametrized module), or None."""
+    (name,) = example.call.merged() or {"": None}
+    prefix, _, key = name.rpartition(".")
+    try:
+        owner = example.module.get_submodule(prefix) if prefix else example.module
+    except AttributeError:
+        return None
+    if not nn.utils.parametrize.is_parametrized(owner, key):
+        return None
+    return owner.parametrizations[key]
+
+
+def _has_right_inverse(plist: nn.Module) -> bool:
+    return all(hasattr(type(p), "right_inverse") for p in plist)
+
+
+def parametrized_name_without_right_inverse(example: Example) -> bool:
+    plist = _given_parametrized_attribute(example)
+    return plist is not None and not _has_right_inverse(plist)
+
+
+def parametrized_name_with_right_inverse(example: Example) -> bool:
+    plist = _given_parametrized_attribute(example)
+    return plist is not None and _has_right_inverse(plist)
+
+
+def spectral_norm_name_given(example: Example) -> bool:
+    plist = _given_parametrized_attribute(example)
+    return plist is not None and type(plist[0]).__name__ == "_SpectralNorm"
+
+
 def has_alias_groups(example: Example) -> bool:
     return bool(alias_groups(example.module))
 
@@ -454,7 +487,31 @@ STATELESS_DEVIATIONS: tuple[Deviation, ...] = (
         "# AttributeError: 'int' object has no attribute 'keys'"),
 )
 
+PARAMETRIZED_NAME = (
+    "torch.func.functional_call's documentation says a value given under a parametrized "
+    "attribute's own name 'will completely disable the parametrization'. torch instead assigns "
+    "it through the parametrization's right_inverse and reads the parametrization again, so "
+    "forward reads another tensor (orthogonal and spectral_norm even change its values), and "
+    "a parametrization without right_inverse raises. Repro: m = nn.Linear(2, 2); "
+    "torch.nn.utils.parametrizations.orthogonal(m); seen = {}; "
+    "m.register_forward_pre_hook(lambda mod, a: seen.update(w=mod.weight)); "
+    "v = torch.ones(2, 2); torch.func.functional_call(m, {'weight': v}, (torch.ones(1, 2),)); "
+    "assert seen['w'] is v  # fails")
+
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation("FC-PARAMETRIZED", parametrized_name_without_right_inverse, "raised",
+              PARAMETRIZED_NAME),
+    Deviation("FC-PARAMETRIZED", parametrized_name_with_right_inverse, "not-disabled",
+              PARAMETRIZED_NAME),
+    Deviation(
+        "FC-PARAMETRIZED", spectral_norm_name_given, "not-restored",
+        "Restoring a spectral-normed weight after a call that named it assigns the old weight "
+        "through right_inverse, which stores weight/sigma: `parametrizations.weight.original` "
+        "keeps its object but not its values. Repro: m = nn.Linear(3, 3); "
+        "torch.nn.utils.parametrizations.spectral_norm(m); o = m.parametrizations.weight.original; "
+        "before = o.detach().clone(); torch.func.functional_call(m, {'weight': torch.rand(3, 3)}, "
+        "(torch.ones(1, 3),)); assert torch.equal(o, before)  # fails"),
+    Deviation("FC-PARAMETRIZED", swaps_one_slot_twice, "not-restored", SHARED_SLOT),
     Deviation(
         APPLY_IDS, swap_refuses_subclass, "raised",
         "The swap and overwrite paths build `Parameter(fn(p))`; when fn returns a Parameter "

@@ -15,6 +15,19 @@ from torch import Tensor, nn
 
 _MISSING: Any = object()
 ATTRIBUTE = "attribute"
+PARAMETRIZED = "parametrized"
+
+
+class _GivenTensor(nn.Module):
+    """Stands in for a ``ParametrizationList`` during a call: the parametrized attribute reads
+    the given value itself, which ``parameters()`` shows as ``parametrizations.<name>.original``."""
+
+    def __init__(self, value: Tensor | None) -> None:
+        super().__init__()
+        self._parameters["original"] = value
+
+    def forward(self) -> Tensor | None:
+        return self._parameters["original"]
 
 
 @dataclass
@@ -61,7 +74,11 @@ def functional_call(
        Rules 2-5 run in this order, all before anything is touched.
     6. Swapping in (``_swap_in``): each value goes straight into the owning module's
        ``_parameters``/``_buffers`` slot, unwrapped; an unknown name becomes an attribute
-       for the call. ``None`` disables that tensor for the call.
+       for the call. ``None`` disables that tensor for the call. The name of a parametrized
+       attribute (``weight`` of a module with ``parametrizations.weight``) disables that
+       parametrization for the call: the attribute reads the given value itself, as torch's
+       documentation promises; ``parametrizations.weight.original`` instead gives the
+       parametrization its input.
     7. Restoring (``_restore``): afterwards, whether forward returned or raised, every slot
        holds the object it held before and no temporary attribute remains.
     8. Write-back (``_write_back``): a slot that forward rebound is written into the
@@ -241,6 +258,8 @@ def _kind(owner: nn.Module, key: str) -> str:
     for kind in ("_parameters", "_buffers"):
         if key in getattr(owner, kind):
             return kind
+    if torch.nn.utils.parametrize.is_parametrized(owner, key):
+        return PARAMETRIZED
     return ATTRIBUTE
 
 
@@ -256,6 +275,8 @@ def _put(slot: _Slot, value: Any) -> Any:
     unwrapped. An attribute slot first loses whatever ``nn.Module.__setattr__`` registered
     under its name, so that restoring ``_MISSING`` leaves no trace.
     """
+    if slot.kind == PARAMETRIZED:
+        return _put_parametrization(slot.module, slot.key, value)
     if slot.kind != ATTRIBUTE:
         table = getattr(slot.module, slot.kind)
         old = table[slot.key]
@@ -265,6 +286,15 @@ def _put(slot: _Slot, value: Any) -> Any:
     if value is not _MISSING:
         setattr(slot.module, slot.key, value)
     return old
+
+
+def _put_parametrization(module: nn.Module, key: str, value: Any) -> Any:
+    """Replace the ``ParametrizationList`` of ``key`` (restoring: put it back); return what it
+    read: the given value while a ``_GivenTensor`` stands in, else the list itself."""
+    table = module.parametrizations._modules
+    old = table[key]
+    table[key] = value if isinstance(value, nn.Module) else _GivenTensor(value)
+    return old.forward() if isinstance(old, _GivenTensor) else old
 
 
 def _pop_attribute(module: nn.Module, key: str) -> Any:

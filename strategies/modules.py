@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 BATCH = 2
 FEATURES = 4
@@ -49,18 +50,26 @@ class Observation(NamedTuple):
 def dependence(module: nn.Module, like: Tensor) -> Tensor:
     """Return ``sum_i c_i * sum(t_i)`` over the module's own non-None tensors, as a 0-d tensor like ``like``.
 
-    ``c_i`` is distinct per slot (parameters first, then buffers, in registration order) so that substituting
+    ``c_i`` is distinct per slot (parameters first, then buffers, in registration order, then the
+    values of parametrized attributes) so that substituting
     one tensor for another changes the result. Complex tensors contribute their real part; bool and integer
     tensors are summed as float64. Uninitialized (lazy) parameters are skipped.
     """
     total = torch.zeros((), dtype=torch.float64, device=like.device)
-    slots = [*module._parameters.values(), *module._buffers.values()]
+    slots = [*module._parameters.values(), *module._buffers.values(), *_parametrized(module)]
     for i, t in enumerate(slots):
         if t is None or isinstance(t, nn.parameter.UninitializedTensorMixin):
             continue
         v = t.real if t.is_complex() else t
         total = total + v.to(dtype=torch.float64, device=like.device).sum() * (0.01 * (i + 1))
     return total.to(like.dtype)
+
+
+def _parametrized(module: nn.Module) -> list[Tensor]:
+    """The values of a parametrized module's parametrized attributes (they left ``_parameters``)."""
+    if not parametrize.is_parametrized(module):
+        return []
+    return [getattr(module, name) for name in module.parametrizations]
 
 
 def pattern(x: Tensor) -> Tensor:
@@ -144,11 +153,11 @@ class SwLayerNorm(nn.LayerNorm):
 
 
 class SwEmbedding(nn.Embedding):
-    """``nn.Embedding(5, 4)``; indices are ``floor(|x|.sum(1) * 7) % 5``, the looked-up rows are added to ``x``."""
+    """``nn.Embedding(5, 4)`` (``sparse=True``: sparse grads); indices are ``floor(|x|.sum(1) * 7) % 5``, the looked-up rows are added to ``x``."""
 
     def forward(self, x: Tensor, **kwargs: Any) -> Tensor:
         idx = (x.detach().abs().sum(dim=1) * 7).floor().long() % self.num_embeddings
-        rows = F.embedding(idx, self.weight)
+        rows = F.embedding(idx, self.weight, sparse=self.sparse)
         return _finish(self, x, _cast(x, self.weight) + rows)
 
 

@@ -17,8 +17,11 @@ from hypothesis import event
 from hypothesis import strategies as st
 from torch import nn
 
+from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
+from swapspec.strategies.decorations import DecorationSpec, decoratable
 from swapspec.strategies.trees import (
     CONTAINER_KINDS,
+    TRAININGS,
     ContainerSpec,
     LeafSpec,
     ShareSpec,
@@ -38,7 +41,7 @@ SHAPES: tuple[tuple[int, ...], ...] = ((4,), (), (3,), (2, 3), (1,), (2, 3, 2, 2
 PARAM_DTYPES = ("float32", "float16", "float64", "bfloat16", "complex64")
 BUFFER_DTYPES = (*PARAM_DTYPES, "int64", "bool")
 BEHAVIOURS = ("inplace", "rebind", "raise", "report")
-REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding")
+REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -217,6 +220,63 @@ def _shares(draw: Draw, root: LeafSpec | ContainerSpec) -> tuple[ShareSpec, ...]
     return tuple(out)
 
 
+# ---------------------------------------------------------------- decorations
+
+
+def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec, ...],
+                 chance: int, kinds: tuple[str, ...]) -> tuple[DecorationSpec, ...]:
+    """With ``chance`` percent, 1-2 decorations, each on a parameter (or module) not yet decorated.
+
+    Tied slots are left alone (a parametrization moves the tensor it decorates), and so are
+    ``Parameter`` subclasses, which ``parametrize`` refuses. Shrinks towards none, and towards the
+    hooks (first in the kind list) before any reparametrization.
+    """
+    if not _chance(draw, chance):
+        return ()
+    tied = {slot for tie in ties for slot in tie.slots}
+    params = [s for s in tree_slots(root) if not s.buffer and (s.path, s.name) not in tied]
+    tagged, frozen = _slots_with(root, "tagged"), _slots_with(root, "frozen")
+    modules = [path for path, _, _ in walk(root)]
+    used: set[tuple[str, str]] = set()
+    out = []
+    for _ in range(draw(st.integers(1, 2))):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "module-hooks":
+            path = draw(st.sampled_from(modules))
+            if (path, "") not in used:
+                used.add((path, ""))
+                out.append(DecorationSpec(kind, path))
+            continue
+        cands = [s for s in params if (s.path, s.name) not in used and decoratable(kind, s.shape, s.dtype)
+                 and (s.path, s.name) not in (frozen if kind == "tensor-hooks" else tagged)]
+        if cands:
+            slot = draw(st.sampled_from(cands))
+            used.add((slot.path, slot.name))
+            out.append(DecorationSpec(kind, slot.path, slot.name))
+    return tuple(out)
+
+
+def _trained(draw: Draw, root: LeafSpec | ContainerSpec, chance: int) -> str:
+    """``''`` or one of ``TRAININGS``; shrinks to ``''``."""
+    lazy = any(isinstance(n, LeafSpec) and n.kind == "LazyLinear" and not n.initialized
+               for _, _, n in walk(root))
+    if lazy or not _chance(draw, chance):
+        return ""
+    return draw(st.sampled_from(TRAININGS))
+
+
+def _slots_with(root: LeafSpec | ContainerSpec, flag: str) -> set[tuple[str, str]]:
+    """Parameter slots whose spec sets ``flag`` (``'tagged'``: a ``TaggedParameter``; ``'frozen'``:
+    ``requires_grad=False``, which refuses tensor hooks)."""
+    out = set()
+    for path, _, node in walk(root):
+        if isinstance(node, LeafSpec) and node.kind == "generic":
+            out |= {(path, t.name) for t in node.tensors if getattr(t, flag)}
+        elif isinstance(node, LeafSpec) and getattr(node, flag):
+            out.add((path, "weight"))
+    return out
+
+
 # ---------------------------------------------------------------- public strategies
 
 
@@ -234,6 +294,9 @@ def tree_specs(
     dtypes: Sequence[torch.dtype] | None = None,
     behaviours: Sequence[str] = BEHAVIOURS,
     behaviour_chance: int = 12,
+    decoration_chance: int = 25,
+    decoration_kinds: Sequence[str] = DECORATION_KINDS,
+    training_chance: int = 20,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
@@ -241,9 +304,17 @@ def tree_specs(
     root = _node(draw, o, 0, [o.max_leaves])
     tie_specs = _ties(draw, root) if o.ties else ()
     share_specs = _shares(draw, root) if o.sharing else ()
+    unknown = sorted(set(decoration_kinds) - set(DECORATION_KINDS))
+    if unknown or not decoration_kinds:
+        raise ValueError(f"decoration_kinds must be a non-empty subset of {DECORATION_KINDS}; "
+                         f"unknown: {unknown}")
+    kinds = tuple(k for k in DECORATION_KINDS if k in decoration_kinds)
+    decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds)
     training = not _chance(draw, 25)
+    trained = _trained(draw, root, training_chance)
     seed = draw(st.integers(0, 2**32 - 1))
-    return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training)
+    return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training,
+                    decorations=decorations, trained=trained)
 
 
 def module_trees(
@@ -258,6 +329,9 @@ def module_trees(
     dtypes: Sequence[torch.dtype] | None = None,
     behaviours: Sequence[str] = BEHAVIOURS,
     behaviour_chance: int = 12,
+    decoration_chance: int = 25,
+    decoration_kinds: Sequence[str] = DECORATION_KINDS,
+    training_chance: int = 20,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -278,6 +352,13 @@ def module_trees(
     * ``behaviours``: forward behaviours a generic leaf may have (default all of ``'inplace'``, ``'rebind'``,
       ``'raise'``, ``'report'``; see :class:`~strategies.modules.GenericLeaf`), each with ``behaviour_chance``
       percent (default 12; the minimal one-parameter leaf has none unless it is 100). Shrinks towards none.
+    * ``decoration_chance``: percent of trees (default 25) that get 1-2 decorations torch provides
+      (parametrizations, old hook-based weight/spectral norm and pruning, counting tensor and module
+      hooks; see :mod:`~strategies.decorations`). 0 turns them off. ``decoration_kinds``: the
+      kinds that may be drawn (default all of ``strategies.decorations.KINDS``).
+    * ``training_chance``: percent of trees (default 20) built with one real ``backward()`` at the
+      end (real grads; sparse ones for ``SparseEmbedding``; half of them with ``create_graph=True``).
+      Trees with an uninitialized ``LazyLinear`` are never trained (forward would materialize it).
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.
@@ -286,6 +367,8 @@ def module_trees(
         max_depth=max_depth, max_leaves=max_leaves, sharing=sharing, ties=ties,
         real_layers=real_layers, lazy=lazy, grads=grads, dtypes=dtypes,
         behaviours=behaviours, behaviour_chance=behaviour_chance,
+        decoration_chance=decoration_chance, decoration_kinds=tuple(decoration_kinds),
+        training_chance=training_chance,
     )
     return strategy.map(_build_and_report)
 

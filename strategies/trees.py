@@ -13,6 +13,7 @@ names ``named_modules()`` reports for the tree as drawn, before any sharing is a
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,9 +23,12 @@ import torch
 from torch import Tensor, nn
 
 from swapspec.strategies import modules as M
+from swapspec.strategies.decorations import DecorationSpec, decorate
 
 CONTAINER_KINDS = ("Sequential", "ModuleList", "ModuleDict", "Block")
-REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "LazyLinear")
+REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding",
+              "LazyLinear")
+TRAININGS = ("backward", "backward-create-graph")
 BLOCK_NAMES = ("first", "second", "third")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -117,16 +121,20 @@ class ShareSpec(_Spec):
 
 @dataclass(frozen=True, repr=False)
 class TreeSpec(_Spec):
-    """A whole tree: the nominal tree, then ties, then shares (applied in that order), then ``train(training)``."""
+    """A whole tree: the nominal tree, then ties, then shares, then decorations (applied in that
+    order, see :mod:`~strategies.decorations`), then ``train(training)``."""
 
     seed: int = 0
     root: LeafSpec | ContainerSpec = LeafSpec()
     ties: tuple[TieSpec, ...] = ()
     shares: tuple[ShareSpec, ...] = ()
     training: bool = True
+    decorations: tuple[DecorationSpec, ...] = ()
+    trained: str = ""  # "", or one of TRAININGS: one forward and backward() at the end of the build
 
 
-SPEC_CLASSES = ("TreeSpec", "LeafSpec", "ContainerSpec", "TensorSpec", "TieSpec", "ShareSpec")
+SPEC_CLASSES = ("TreeSpec", "LeafSpec", "ContainerSpec", "TensorSpec", "TieSpec", "ShareSpec",
+                "DecorationSpec")
 
 
 # ---------------------------------------------------------------- spec helpers
@@ -175,6 +183,7 @@ def real_slots(leaf: LeafSpec) -> list[tuple[str, bool, tuple[int, ...], str]]:
         "BatchNorm1d": ((4,), (4,)),
         "LayerNorm": ((4,), (4,)),
         "Embedding": ((M.EMBEDDINGS, M.FEATURES), None),
+        "SparseEmbedding": ((M.EMBEDDINGS, M.FEATURES), None),
     }.get(leaf.kind)
     if weight_bias is None:
         return []
@@ -258,6 +267,7 @@ _REAL_CTORS: dict[str, Any] = {
     "BatchNorm1d": lambda bias, **kw: M.SwBatchNorm1d(4, affine=bias, **kw),
     "LayerNorm": lambda bias, **kw: M.SwLayerNorm(4, bias=bias, **kw),
     "Embedding": lambda bias, **kw: M.SwEmbedding(M.EMBEDDINGS, M.FEATURES, **kw),
+    "SparseEmbedding": lambda bias, **kw: M.SwEmbedding(M.EMBEDDINGS, M.FEATURES, sparse=True, **kw),
 }
 
 
@@ -314,7 +324,8 @@ def build_tree(spec: TreeSpec) -> nn.Module:
 
     Order: nominal tree (values from ``torch.Generator().manual_seed(spec.seed)`` in build order), then each
     tie puts the source slot's object into the other slots (the slots' own registration, e.g. persistence, is
-    kept), then each share adds an existing module under a second parent, then ``train(spec.training)``.
+    kept), then each share adds an existing module under a second parent, then the decorations, then
+    ``train(spec.training)``.
     """
     gen = torch.Generator().manual_seed(spec.seed)
     by_path: dict[str, nn.Module] = {}
@@ -326,9 +337,23 @@ def build_tree(spec: TreeSpec) -> nn.Module:
             _slot_dict(by_path[path], name)[name] = obj
     for share in spec.shares:
         by_path[share.parent].add_module(share.name, by_path[share.source])
+    decorate(root, spec.decorations, spec.seed)
     root.train(spec.training)
+    if spec.trained:
+        _train_once(root, gen, create_graph=spec.trained == "backward-create-graph")
     _REGISTRY[root] = TreeInfo(spec=spec, features=spec_features(spec), **_counts(root))
     return root
+
+
+def _train_once(root: nn.Module, gen: torch.Generator, *, create_graph: bool) -> None:
+    """One forward on values from ``gen`` and ``backward()`` of its sum: real grads, sparse ones for
+    a sparse embedding, graph-carrying ones with ``create_graph``. Grad mode is on for it."""
+    x = tensor_values((M.BATCH, M.FEATURES), "float32", gen)
+    with torch.enable_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # create_graph=True warns of a reference cycle
+        loss = root(x).sum()
+        if loss.requires_grad:
+            loss.backward(create_graph=create_graph)
 
 
 def _counts(module: nn.Module) -> dict[str, int]:
@@ -390,6 +415,12 @@ def spec_features(spec: TreeSpec) -> frozenset[str]:
     tags.add(f"depth={max(depths.values())}")
     tags |= _tie_tags(spec.ties, depths, {(s.path, s.name): s.buffer for s in tree_slots(spec.root)})
     tags |= _share_tags(spec.shares, depths)
+    tags |= {f"decoration: {d.kind}" for d in spec.decorations}
+    if spec.trained:
+        tags.add(f"trained: {spec.trained}")
+        if any(isinstance(n, LeafSpec) and n.kind == "SparseEmbedding" and not n.frozen
+               for _, _, n in walk(spec.root)):
+            tags.add("sparse-grad")
     if not spec.training:
         tags.add("eval-mode")
     return frozenset(tags)
@@ -407,7 +438,7 @@ def _leaf_tags(leaf: LeafSpec, training: bool) -> set[str]:
         tags.add(f"param-dtype: {leaf.dtype}")
         if any(name == "weight" for name, *_ in real_slots(leaf)):
             tags |= {t for t, on in (("frozen-parameter", leaf.frozen), ("parameter-grad", leaf.grad), ("parameter-subclass", leaf.tagged)) if on}
-        if not leaf.bias and leaf.kind != "Embedding":
+        if not leaf.bias and leaf.kind not in ("Embedding", "SparseEmbedding"):
             tags.add("none-parameter")
         if leaf.kind == "BatchNorm1d":
             tags |= {"buffer-dtype: int64", "buffer-0d"} | ({"forward-inplace-buffer"} if training else set())
