@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from swapspec.properties import crashes
+
 
 @dataclass(frozen=True)
 class Deviation:
@@ -127,6 +129,7 @@ class Checker:
             and d.holds_for_installed_torch()
             and d.applies(self.example)
         ]
+        crashes.record(self.property_id, self.target, self.example)
 
     def that(self, holds: bool, clause: str, message: str, code: str | None = None) -> bool:
         """Record a violation of ``clause`` unless ``holds``; return ``holds``."""

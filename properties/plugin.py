@@ -35,7 +35,7 @@ import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from swapspec import reference
-from swapspec.properties import deviations
+from swapspec.properties import crashes, deviations
 from swapspec.properties import ids as property_ids
 from swapspec.properties.targets import Target, TargetError, load_targets
 
@@ -57,6 +57,8 @@ for _name, _profile in PROFILES.items():
     settings.register_profile(_name, _profile)
 
 REPORT_KEY = "swapspec"
+REPRO_START = "----- standalone repro (python) -----"
+REPRO_END = "----- end of repro -----"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -102,6 +104,13 @@ def pytest_configure(config: pytest.Config) -> None:
     except TargetError as e:
         raise pytest.UsageError(f"swapspec: {e}") from None
     config.swapspec_results = []
+    if not hasattr(config, "workerinput"):
+        crashes.make_directory()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        crashes.remove_directory()
 
 
 def _collects_properties(config: pytest.Config) -> bool:
@@ -256,6 +265,31 @@ def _restore(state: dict[str, object]) -> None:
     reference.set_swap_module_params_on_conversion(state["reference swap flag"])
     torch.set_default_dtype(state["default dtype"])
     torch.set_grad_enabled(state["grad mode"])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Name the running test for the crash recorder; forget its in-flight example after."""
+    crashes.CURRENT["nodeid"] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        crashes.clear()
+        crashes.CURRENT.clear()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
+    """xdist lost a worker while it ran ``crashitem``: attach the in-flight repro and put the
+    failure in the conformance table."""
+    entry = crashes.find(crashitem)
+    if entry is None:
+        return
+    report.longrepr = (f"{report.longrepr}\n{entry['property']} on target {entry['target']!r}: "
+                       "the interpreter died while the target ran this example.\n\n"
+                       f"{REPRO_START}\n{entry['repro']}\n{REPRO_END}")
+    report.user_properties.append((REPORT_KEY, {"property": entry["property"],
+                                                "target": entry["target"], "deviations": {}}))
 
 
 @pytest.hookimpl(wrapper=True)

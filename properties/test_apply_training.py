@@ -72,7 +72,7 @@ def test_apply_module_still_works(target, module, conversion, flags, inputs):
     type counts as equal. Origin: pytorch #17072 follow-ups: ``RNNBase._apply`` must rebuild
     ``_flat_weights`` or a converted LSTM runs on the old weights.
     """
-    example, check, snap = _setup(target, "APPLY-FORWARD", module, conversion, flags)
+    example, check, _ = _setup(target, "APPLY-FORWARD", module, conversion, flags)
     outcome = run_apply(target, example, conversion.make_fn())
     if no_error(check, outcome, "apply"):
         fresh = fresh_copy_holding(module)

@@ -468,3 +468,22 @@ def test_collecting_properties_without_a_target_outside_the_checkout_is_a_usage_
     assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.output[-2000:]
     assert "swapspec: no target chosen" in run.stderr
     assert "Traceback" not in run.output
+
+
+def test_a_crashing_target_fails_one_property_with_its_repro(tmp_path):
+    """A segfault inside the target fails that test for that target only, with the in-flight
+    example's repro; xdist replaces the worker and the run goes on."""
+    report = tmp_path / "r.json"
+    run = run_pytest(tmp_path, "-n", "2", f"{TIES}[crashing]", f"{TIES}[reference]",
+                     f"{FORMS}[reference]", "--swapspec-target=reference,tests.planted.crashing",
+                     "-p", "tests.planted.fast_profile", f"--swapspec-report={report}",
+                     timeout=300)
+    assert run.returncode == 1, run.output[-3000:]
+    assert "1 failed, 2 passed" in run.stdout.splitlines()[-1], run.output[-3000:]
+    assert "crashed while running" in run.output
+    assert "APPLY-TIES on target 'crashing': the interpreter died" in run.output
+    assert "load_target('tests.planted.crashing')" in run.output
+    table = json.loads(report.read_text())["table"]
+    assert table["APPLY-TIES"]["crashing"]["status"] == "fail"
+    assert table["APPLY-TIES"]["reference"]["status"] == "pass"
+    assert table["FC-INPUT-FORMS"]["reference"]["status"] == "pass"
