@@ -43,9 +43,13 @@ def frequencies(seen: list[frozenset[str]]) -> dict[str, float]:
     return {tag: counts[tag] / len(seen) for tag in sorted(counts)}
 
 
-def tree_reach(n: int) -> list[frozenset[str]]:
-    """Feature sets of ``n`` drawn trees."""
-    return sample(module_trees(), n, lambda m: tree_info(m).features)
+def tree_reach(n: int, **options: Any) -> list[frozenset[str]]:
+    """Feature sets of ``n`` drawn trees (``options`` go to ``module_trees``)."""
+    return sample(module_trees(**options), n, lambda m: tree_info(m).features)
+
+
+# The decorations and training state, each drawn in every tree, so every kind shows in a sample.
+LIFE_OPTIONS = {"decoration_chance": 100, "training_chance": 100}
 
 
 def conversion_reach(n: int) -> list[frozenset[str]]:
@@ -62,6 +66,9 @@ def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
     """Feature sets of ``n`` call inputs, each for a freshly drawn tree."""
     pairs = module_trees().flatmap(lambda m: call_inputs(m, invalid=invalid))
     return sample(pairs, n, lambda c: c.features)
+
+
+LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding")
 
 
 def table(title: str, freqs: dict[str, float]) -> str:
@@ -83,6 +90,9 @@ def main(argv: list[str]) -> None:
     trees, seconds = timed_trees(n)
     print(f"Drawing and building {n} trees took {seconds:.2f} s.\n")
     print(table(f"tree feature ({n} trees)", frequencies(trees)), "\n")
+    life = frequencies(tree_reach(n, **LIFE_OPTIONS))
+    print(table(f"decoration and training feature ({n} trees, {LIFE_OPTIONS})",
+                {k: v for k, v in life.items() if k.startswith(LIFE_TAGS)}), "\n")
     print(table(f"conversion ({n} draws)", frequencies(conversion_reach(n))), "\n")
     print(table(f"call feature ({n} draws, invalid=True)", frequencies(call_reach(n))))
 

@@ -228,7 +228,8 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
     """With ``chance`` percent, 1-2 decorations, each on a parameter (or module) not yet decorated.
 
     Tied slots are left alone (a parametrization moves the tensor it decorates), and so are
-    ``Parameter`` subclasses, which ``parametrize`` refuses. Shrinks towards none, and towards the
+    ``Parameter`` subclasses, which ``parametrize`` refuses, and sparse embeddings' weights
+    (reparametrized, their sparse grads fail in backward). Shrinks towards none, and towards the
     hooks (first in the kind list) before any reparametrization.
     """
     if not _chance(draw, chance):
@@ -236,6 +237,8 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
     tied = {slot for tie in ties for slot in tie.slots}
     params = [s for s in tree_slots(root) if not s.buffer and (s.path, s.name) not in tied]
     tagged, frozen = _slots_with(root, "tagged"), _slots_with(root, "frozen")
+    sparse = {(path, "weight") for path, _, n in walk(root)
+              if isinstance(n, LeafSpec) and n.kind == "SparseEmbedding"}
     modules = [path for path, _, _ in walk(root)]
     used: set[tuple[str, str]] = set()
     out = []
@@ -248,7 +251,7 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
                 out.append(DecorationSpec(kind, path))
             continue
         cands = [s for s in params if (s.path, s.name) not in used and decoratable(kind, s.shape, s.dtype)
-                 and (s.path, s.name) not in (frozen if kind == "tensor-hooks" else tagged)]
+                 and (s.path, s.name) not in (frozen if kind == "tensor-hooks" else tagged | sparse)]
         if cands:
             slot = draw(st.sampled_from(cands))
             used.add((slot.path, slot.name))
@@ -294,7 +297,7 @@ def tree_specs(
     dtypes: Sequence[torch.dtype] | None = None,
     behaviours: Sequence[str] = BEHAVIOURS,
     behaviour_chance: int = 12,
-    decoration_chance: int = 25,
+    decoration_chance: int = 30,
     decoration_kinds: Sequence[str] = DECORATION_KINDS,
     training_chance: int = 20,
 ) -> TreeSpec:
@@ -329,7 +332,7 @@ def module_trees(
     dtypes: Sequence[torch.dtype] | None = None,
     behaviours: Sequence[str] = BEHAVIOURS,
     behaviour_chance: int = 12,
-    decoration_chance: int = 25,
+    decoration_chance: int = 30,
     decoration_kinds: Sequence[str] = DECORATION_KINDS,
     training_chance: int = 20,
 ) -> st.SearchStrategy[nn.Module]:
@@ -352,7 +355,7 @@ def module_trees(
     * ``behaviours``: forward behaviours a generic leaf may have (default all of ``'inplace'``, ``'rebind'``,
       ``'raise'``, ``'report'``; see :class:`~strategies.modules.GenericLeaf`), each with ``behaviour_chance``
       percent (default 12; the minimal one-parameter leaf has none unless it is 100). Shrinks towards none.
-    * ``decoration_chance``: percent of trees (default 25) that get 1-2 decorations torch provides
+    * ``decoration_chance``: percent of trees (default 30) that get 1-2 decorations torch provides
       (parametrizations, old hook-based weight/spectral norm and pruning, counting tensor and module
       hooks; see :mod:`~strategies.decorations`). 0 turns them off. ``decoration_kinds``: the
       kinds that may be drawn (default all of ``strategies.decorations.KINDS``).

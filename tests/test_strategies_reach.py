@@ -11,7 +11,16 @@ import warnings
 import pytest
 
 from swapspec.strategies.conversions import CONVERSIONS
-from swapspec.strategies.reach import call_reach, conversion_reach, frequencies, table, tree_reach
+from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
+from swapspec.strategies.reach import (
+    LIFE_OPTIONS,
+    call_reach,
+    conversion_reach,
+    frequencies,
+    table,
+    tree_reach,
+)
+from swapspec.strategies.trees import TRAININGS
 
 TREE_FLOORS = {
     "ties": 0.20,
@@ -21,19 +30,32 @@ TREE_FLOORS = {
         [
             *(f"depth={d}" for d in range(5)),
             *(f"container: {k}" for k in ("Sequential", "ModuleList", "ModuleDict", "custom")),
-            *(f"leaf: {k}" for k in ("generic", "Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding")),
-            "leaf: LazyLinear-initialized", "leaf: LazyLinear-uninitialized",
+            *(f"leaf: {k}" for k in ("generic", "Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding",
+                                     "SparseEmbedding")),
             *(f"param-dtype: {d}" for d in ("float32", "float16", "float64", "bfloat16", "complex64")),
             *(f"buffer-dtype: {d}" for d in ("float32", "int64", "bool")),
             "param-0d", "buffer-0d", "tensor-4d",
             "none-parameter", "none-buffer", "non-persistent-buffer", "frozen-parameter", "parameter-grad",
-            "tied-parameters", "tied-buffers", "tie-3plus-aliases", "tie-across-depths", "tie-within-module",
+            "tied-parameters", "tied-buffers", "tie-across-depths", "tie-within-module",
             "shared-3plus-paths", "shared-across-depths",
-            "forward-inplace-buffer", "forward-rebind-buffer", "forward-raises", "forward-reports", "eval-mode",
+            "forward-inplace-buffer", "forward-rebind-buffer", "forward-reports", "eval-mode",
         ],
         0.05,
     ),
+    # Rarer since sparse embeddings, decorations and training joined the draws (measured 2.8-4.8%).
+    **dict.fromkeys(["leaf: LazyLinear-initialized", "leaf: LazyLinear-uninitialized",
+                     "tie-3plus-aliases", "forward-raises"], 0.02),
 }
+
+# Decorations and training state, on trees that always get them (measured minimum 3.6%, orthogonal apart).
+LIFE_FLOORS = {
+    **{f"decoration: {k}": 0.025 for k in DECORATION_KINDS},
+    "decoration: orthogonal": 0.01,  # matrices only (measured 1.2%)
+    **{f"trained: {t}": 0.25 for t in TRAININGS},
+    "sparse-grad": 0.025,
+}
+# On default trees (decorations in 30%, training in 20% of them).
+DEFAULT_LIFE_FLOORS = {"trained: backward": 0.05, "trained: backward-create-graph": 0.03}
 
 CALL_FLOORS = dict.fromkeys(
     [
@@ -66,7 +88,13 @@ def _quiet():
 
 
 def test_tree_reach() -> None:
-    check("tree feature (500 trees)", frequencies(tree_reach(500)), TREE_FLOORS)
+    check("tree feature (500 trees)", frequencies(tree_reach(500)),
+          {**TREE_FLOORS, **DEFAULT_LIFE_FLOORS})
+
+
+def test_decoration_and_training_reach() -> None:
+    check(f"decoration and training feature (500 trees, {LIFE_OPTIONS})",
+          frequencies(tree_reach(500, **LIFE_OPTIONS)), LIFE_FLOORS)
 
 
 def test_conversion_reach() -> None:
