@@ -18,6 +18,7 @@ from swapspec.reference.flags import (
     get_overwrite_module_params_on_conversion,
     get_swap_module_params_on_conversion,
 )
+from swapspec.reference.overrides import ApplyOverride, overrides_of
 
 SWAP, SET_DATA, OVERWRITE = "swap", "set_data", "overwrite"
 
@@ -28,6 +29,14 @@ class _Slots:
 
     tensor: Tensor
     where: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Step:
+    """One class's ``_apply`` override (rule 9) on one module."""
+
+    module: nn.Module
+    override: ApplyOverride
 
 
 def apply(
@@ -61,16 +70,35 @@ def apply(
        result is compatible, else replaced by ``fn(grad)``. It stays a leaf and keeps its
        own ``requires_grad`` (``_commit_grad``).
     8. Buffers are rebound: ``module._buffers[key] = fn(buf)``. ``None`` slots stay ``None``.
+    9. A module whose class overrides ``_apply`` has it honoured as a description
+       (``reference.overrides``): the override may do work before and after the conversion of
+       its own tensors, must delegate that conversion itself to ``super()._apply``, and its
+       work must not change the tensors in slots. Every class of the module's MRO up to
+       ``nn.Module`` that defines ``_apply`` must be described (``torch.nn.RNNBase`` is built
+       in; a host adds its own with ``register_apply_override``), else ``ApplyOverrideError``
+       is raised before anything changes. Every ``before`` runs before any ``fn`` call
+       (parents before children, outer class first), every ``after`` after the commit
+       (children before parents, inner class first): torch's order (``_run_overridden``). If
+       the conversion fails, the ``after`` steps still run, so state derived from the tensors
+       (an RNN's ``_flat_weights``) is rebuilt from the restored ones, and the conversion's
+       error propagates.
     """
     overwrite = get_overwrite_module_params_on_conversion() if overwrite is None else overwrite
     swap = get_swap_module_params_on_conversion() if swap is None else swap
     modules = _modules_to_convert(module, recurse)
+    steps = _override_steps(list(module.modules()) if recurse else [module])
+    _run_overridden(steps, modules, lambda: _convert_and_commit(fn, modules, overwrite, swap))
+    return module
+
+
+def _convert_and_commit(fn: Callable[[Tensor], Tensor], modules: list[nn.Module],
+                        overwrite: bool, swap: bool) -> None:
+    """Rules 3-8: the conversion itself, atomic."""
     params = _collect(modules, "_parameters")
     buffers = _collect(modules, "_buffers")
     grads = [s.tensor.grad for s in params if s.tensor.grad is not None]
     results = _convert_all(fn, [s.tensor for s in params] + grads + [s.tensor for s in buffers])
     _commit(params, buffers, results, overwrite=overwrite, swap=swap)
-    return module
 
 
 def choose_path(param: Tensor, applied: Tensor, *, overwrite: bool, swap: bool) -> str:
@@ -99,6 +127,49 @@ def _modules_to_convert(module: nn.Module, recurse: bool) -> list[nn.Module]:
 
     visit(module)
     return ordered
+
+
+def _override_steps(parents_first: list[nn.Module]) -> list[_Step]:
+    """Rule 9: every override step in ``before`` order; raises before anything changes."""
+    return [_Step(m, override) for m in parents_first for override in overrides_of(m)]
+
+
+def _run_overridden(steps: list[_Step], children_first: list[nn.Module],
+                    convert: Callable[[], None]) -> None:
+    """Rule 9: the ``before`` steps, ``convert()``, then the ``after`` of every step whose
+    ``before`` ran, also when a ``before`` or the conversion raises (that error wins)."""
+    ran: list[_Step] = []
+    try:
+        for step in steps:
+            step.override.before(step.module)
+            ran.append(step)
+        convert()
+    except BaseException as error:
+        _run_afters(_after_order(ran, children_first), failure=error)
+        raise
+    _run_afters(_after_order(ran, children_first), failure=None)
+
+
+def _after_order(ran: list[_Step], children_first: list[nn.Module]) -> list[_Step]:
+    """Children before parents; within one module, the inner class first (``ran`` has it last)."""
+    position = {id(m): i for i, m in enumerate(children_first)}
+    return sorted(reversed(ran), key=lambda step: position[id(step.module)])
+
+
+def _run_afters(steps: list[_Step], failure: BaseException | None) -> None:
+    """Rule 9: every ``after`` runs. Their first error propagates when nothing failed before;
+    after a failure, that failure propagates and their errors are only noted on it."""
+    first: Exception | None = None
+    for step in steps:
+        try:
+            step.override.after(step.module)
+        except Exception as error:
+            if failure is not None:
+                failure.add_note(f"then the after step on {step.module._get_name()} raised {error!r}")
+            elif first is None:
+                first = error
+    if first is not None:
+        raise first
 
 
 def _collect(modules: list[nn.Module], registry: str) -> list[_Slots]:
