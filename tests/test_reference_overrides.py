@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.cpp import ModuleWrapper
 
 from swapspec import reference
+from swapspec.properties.plugin import isolated_global_state
 from swapspec.properties.targets import torch_apply
 from swapspec.reference import overrides
 from tests.helpers_modules import (
@@ -852,3 +853,11 @@ def test_overrides_of_plain_and_rnn_modules():
     assert overrides.overrides_of(linear()) == []
     assert overrides.overrides_of(nn.Sequential(nn.LSTM(3, 4))) == []
     assert overrides.overrides_of(nn.GRU(3, 4)) == [overrides.BUILTIN[nn.RNNBase]]
+
+
+def test_isolation_restores_and_names_a_leaked_registration():
+    """The suite's global-state isolation covers the registrations like the flags."""
+    leaked = r"^test leaked global state \(now restored\): \['reference apply overrides'\]$"
+    with pytest.raises(pytest.fail.Exception, match=leaked), isolated_global_state():
+        reference.register_apply_override(OwnApply, before=print, after=print)
+    assert overrides.registered_apply_overrides() == {}
