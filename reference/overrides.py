@@ -3,7 +3,7 @@
 A class that overrides ``nn.Module._apply`` is described by an ``ApplyOverride``: the work its
 own ``_apply`` does before it calls ``super()._apply`` (``before``) and after that returns
 (``after``). ``reference.apply`` converts the tensors itself and runs these steps around the
-conversion (rule 9 of its docstring).
+conversion (rules 9 and 10 of its docstring).
 
 Rules:
 1. Lookup walks ``type(module).__mro__`` up to ``nn.Module``. Every class on the way that

@@ -1,4 +1,4 @@
-"""Unit tests for rule 9 of ``reference.apply``: the ``_apply`` overrides it honours or refuses.
+"""Unit tests for rules 9 and 10 of ``reference.apply``: the ``_apply`` overrides it honours.
 
 The built-in description is ``torch.nn.RNNBase``'s (drop ``_flat_weight_refs`` before, rebuild
 ``_flat_weights`` after); ``torch.nn.cpp.ModuleWrapper`` is refused; every other overriding class
@@ -34,6 +34,8 @@ from tests.helpers_modules import (
 )
 
 flag_settings = pytest.mark.parametrize(("overwrite", "swap"), FLAG_SETTINGS, ids=FLAG_IDS)
+# torch's CPU LSTM with proj_size warns that oneDNN falls back to its default implementation.
+pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
 
 
 @pytest.fixture(autouse=True)
@@ -212,7 +214,7 @@ def keeps_objects(fn_name: str, overwrite: bool, swap: bool) -> bool:
 @fns
 @pytest.mark.parametrize("case", list(BUILDERS))
 def test_rnn_conversion_keeps_flat_weights_current(case, fn_name, overwrite, swap):
-    """Rule 9: after apply every RNN's ``_flat_weights`` are its current parameters, forward
+    """Rules 9 and 10: after apply every RNN's ``_flat_weights`` are its current parameters, forward
     equals a fresh copy loaded with the converted values, and ``fn`` ran once per tensor."""
     fn = FNS[fn_name]
     m = build(case)
@@ -236,7 +238,7 @@ def test_rnn_conversion_keeps_flat_weights_current(case, fn_name, overwrite, swa
 @fns
 @pytest.mark.parametrize("case", UNTIED)
 def test_rnn_conversion_matches_torch(case, fn_name, overwrite, swap):
-    """Rule 9 against torch: on modules without ties (where torch, which keeps no memo, converts
+    """Rules 9 and 10 against torch: on modules without ties (where torch, which keeps no memo, converts
     a tied tensor twice) the reference and ``nn.Module._apply`` give the same objects, values,
     ``_flat_weights`` and forward."""
     fn = FNS[fn_name]
@@ -338,7 +340,7 @@ def raising_on(k: int, fn: Callable) -> tuple[Callable, Refused]:
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("case", list(BUILDERS))
 def test_fn_raising_leaves_rnn_untouched(case, where, overwrite, swap):
-    """Rules 4 and 9: ``fn`` raising on one tensor leaves the module, its ``_flat_weights`` and
+    """Rules 4 and 10: ``fn`` raising on one tensor leaves the module, its ``_flat_weights`` and
     its forward as they were, and the error propagates unchanged."""
     m = build(case)
     fill_grads(m)
@@ -362,7 +364,7 @@ def test_fn_raising_leaves_rnn_untouched(case, where, overwrite, swap):
 @pytest.mark.parametrize("overwrite", [False, True])
 @pytest.mark.parametrize("case", ["lstm", "sequential-lstm", "gru-bidirectional-2-layers"])
 def test_refused_swap_rolls_back_and_rebuilds_flat_weights(case, overwrite):
-    """Rules 4 and 9: a swap refused mid-way (a weakref on the last flat weight) is rolled back;
+    """Rules 4 and 10: a swap refused mid-way (a weakref on the last flat weight) is rolled back;
     the after step points ``_flat_weights`` at the restored parameters; torch's message."""
     m = build(case)
     rnn = rnns(m)[-1]
@@ -547,7 +549,7 @@ def named_own_apply(name: str, **children: nn.Module) -> OwnApply:
 
 
 def test_registered_override_runs_around_the_conversion():
-    """Rule 9: ``before`` sees the original tensors before any ``fn`` call, ``after`` sees the
+    """Rule 10: ``before`` sees the original tensors before any ``fn`` call, ``after`` sees the
     committed ones; the override's own ``_apply`` is never called."""
     log: list[str] = []
     m = named_own_apply("m")
@@ -570,7 +572,7 @@ def test_registered_override_runs_around_the_conversion():
 
 
 def test_override_steps_follow_torchs_order_over_the_tree():
-    """Rule 9: befores parents first (pre-order), afters children first (post-order)."""
+    """Rule 10: befores parents first (pre-order), afters children first (post-order)."""
     log: list[str] = []
     before, after = recorder(log, "own")
     root = named_own_apply(
@@ -585,7 +587,7 @@ def test_override_steps_follow_torchs_order_over_the_tree():
 
 
 def test_shared_submodule_steps_run_once():
-    """Rule 9 with rule 2: a shared submodule is converted once, so its steps run once."""
+    """Rule 10 with rule 2: a shared submodule is converted once, so its steps run once."""
     log: list[str] = []
     before, after = recorder(log, "own")
     shared = named_own_apply("shared")
@@ -612,7 +614,7 @@ class Outer(OwnApply):
 
 
 def test_chained_overrides_nest_like_super_calls():
-    """Rule 9: the outer class's before runs first and its after last."""
+    """Rule 10: the outer class's before runs first and its after last."""
     log: list[str] = []
     m = Outer()
     m.name = "m"
@@ -629,7 +631,7 @@ def test_chained_overrides_nest_like_super_calls():
 
 
 def test_registered_subclass_of_lstm_adds_to_rnnbase_steps():
-    """Rule 9: a registered ``nn.LSTM`` subclass's own steps wrap the built-in RNN steps."""
+    """Rule 10: a registered ``nn.LSTM`` subclass's own steps wrap the built-in RNN steps."""
     log: list[str] = []
     m = seeded(lambda: OverridingLSTM(3, 4), seed=3)
 
@@ -659,7 +661,7 @@ def failing(log: list[str], label: str, error: Exception | None = None) -> Calla
 
 
 def test_before_raising_runs_the_afters_of_the_befores_that_ran():
-    """Rule 9: a failing ``before`` stops the apply before any ``fn`` call; the steps whose
+    """Rule 10: a failing ``before`` stops the apply before any ``fn`` call; the steps whose
     ``before`` ran get their ``after``; the error propagates unchanged."""
     log: list[str] = []
     error = StepFailed("before")
@@ -684,7 +686,7 @@ def test_before_raising_runs_the_afters_of_the_befores_that_ran():
 
 
 def test_after_raising_runs_every_other_after_and_propagates_the_first():
-    """Rule 9: with the conversion done, every ``after`` runs and the first error propagates."""
+    """Rule 10: with the conversion done, every ``after`` runs and the first error propagates."""
     log: list[str] = []
     first, second = StepFailed("a"), StepFailed("b")
     errors = {"a": first, "b": second}
@@ -704,7 +706,7 @@ def test_after_raising_runs_every_other_after_and_propagates_the_first():
 
 
 def test_after_raising_during_a_failed_conversion_is_noted_on_the_conversion_error():
-    """Rule 9: when the conversion failed, its error propagates; an ``after`` error is a note."""
+    """Rule 10: when the conversion failed, its error propagates; an ``after`` error is a note."""
     log: list[str] = []
     root = named_own_apply("root", a=named_own_apply("a"))
     state = snapshot(root)
