@@ -38,6 +38,7 @@ from swapspec import reference
 from swapspec.properties import crashes, deviations
 from swapspec.properties import ids as property_ids
 from swapspec.properties.targets import Target, TargetError, load_targets
+from swapspec.reference import overrides as reference_overrides
 
 PROPERTIES_DIR = Path(__file__).resolve().parent
 
@@ -227,9 +228,9 @@ def swapspec_isolation(request: pytest.FixtureRequest) -> Iterator[None]:
 def isolated_global_state() -> Iterator[None]:
     """Restore torch's and the reference's global state on exit, even on failure.
 
-    Covers ``torch.__future__``'s two flags, the reference's flags, the default dtype,
-    grad mode and the CPU RNG (torch's and Python's). A body that leaves them changed
-    fails (``pytest.fail``) after they are restored.
+    Covers ``torch.__future__``'s two flags, the reference's flags and ``_apply`` override
+    registrations, the default dtype, grad mode and the CPU RNG (torch's and Python's). A body
+    that leaves them changed fails (``pytest.fail``) after they are restored.
     """
     saved = _global_state()
     rng = torch.get_rng_state()
@@ -252,6 +253,7 @@ def _global_state() -> dict[str, object]:
         "torch swap flag": future.get_swap_module_params_on_conversion(),
         "reference overwrite flag": reference.get_overwrite_module_params_on_conversion(),
         "reference swap flag": reference.get_swap_module_params_on_conversion(),
+        "reference apply overrides": reference_overrides.registered_apply_overrides(),
         "default dtype": torch.get_default_dtype(),
         "grad mode": torch.is_grad_enabled(),
     }
@@ -263,6 +265,7 @@ def _restore(state: dict[str, object]) -> None:
     future.set_swap_module_params_on_conversion(state["torch swap flag"])
     reference.set_overwrite_module_params_on_conversion(state["reference overwrite flag"])
     reference.set_swap_module_params_on_conversion(state["reference swap flag"])
+    reference_overrides.restore_registered_apply_overrides(state["reference apply overrides"])
     torch.set_default_dtype(state["default dtype"])
     torch.set_grad_enabled(state["grad mode"])
 

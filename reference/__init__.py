@@ -12,10 +12,16 @@ from swapspec.reference.flags import (
     set_swap_module_params_on_conversion,
 )
 from swapspec.reference.functional_call import functional_call
+from swapspec.reference.overrides import (
+    ApplyOverrideError,
+    register_apply_override,
+    unregister_apply_override,
+)
 
 name = "reference"
 
 __all__ = [
+    "ApplyOverrideError",
     "apply",
     "choose_path",
     "flags",
@@ -23,6 +29,8 @@ __all__ = [
     "get_overwrite_module_params_on_conversion",
     "get_swap_module_params_on_conversion",
     "name",
+    "register_apply_override",
     "set_overwrite_module_params_on_conversion",
     "set_swap_module_params_on_conversion",
+    "unregister_apply_override",
 ]

@@ -18,6 +18,7 @@ from swapspec.reference.flags import (
     get_overwrite_module_params_on_conversion,
     get_swap_module_params_on_conversion,
 )
+from swapspec.reference.overrides import ApplyOverride, overrides_of
 
 SWAP, SET_DATA, OVERWRITE = "swap", "set_data", "overwrite"
 
@@ -28,6 +29,14 @@ class _Slots:
 
     tensor: Tensor
     where: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Step:
+    """One class's ``_apply`` override (rules 9 and 10) on one module."""
+
+    module: nn.Module
+    override: ApplyOverride
 
 
 def apply(
@@ -46,7 +55,7 @@ def apply(
        the tree, each shared submodule once (``_modules_to_convert``).
     3. ``fn`` runs exactly once per distinct tensor object, under ``torch.no_grad()``, and
        every slot that held one object ends up holding one result (``_convert_all``).
-    4. Atomicity: every ``fn`` call happens before anything changes, so if ``fn`` raises,
+    4. Atomicity: every ``fn`` call happens before any slot changes, so if ``fn`` raises,
        the module is untouched and the error propagates unchanged. A failure while
        committing (a refused swap) is rolled back (``_commit``).
     5. The path is chosen per distinct parameter (``choose_path``): swap if the swap flag
@@ -61,16 +70,39 @@ def apply(
        result is compatible, else replaced by ``fn(grad)``. It stays a leaf and keeps its
        own ``requires_grad`` (``_commit_grad``).
     8. Buffers are rebound: ``module._buffers[key] = fn(buf)``. ``None`` slots stay ``None``.
+    9. Overrides (``reference.overrides``): a class's own ``_apply`` may do work before and
+       after the conversion of its own tensors, must delegate that conversion itself to
+       ``super()._apply``, and its work must not change the tensors in slots. The reference
+       converts the tensors itself and runs that work as the class's described ``before`` and
+       ``after`` steps. Every class of a module's MRO ahead of ``nn.Module`` that defines
+       ``_apply`` must be described (``torch.nn.RNNBase`` is built in; a host adds its own with
+       ``register_apply_override``); an unknown or refused one raises ``ApplyOverrideError``
+       before anything changes (``_override_steps``).
+    10. Order and failure (``_run_overridden``), torch's order: every ``before`` runs before
+       any ``fn`` call, parents before children and the outer class first; every ``after``
+       runs after the commit, children before parents and the inner class first. If a
+       ``before`` or the conversion fails, the ``after`` of every step whose ``before`` ran
+       still runs, so state derived from the tensors (an RNN's ``_flat_weights``) is rebuilt
+       from the restored ones, and that error propagates unchanged (an ``after`` error then
+       becomes a note on it). After a successful commit every ``after`` runs and the first
+       error among them propagates; the conversion stays.
     """
     overwrite = get_overwrite_module_params_on_conversion() if overwrite is None else overwrite
     swap = get_swap_module_params_on_conversion() if swap is None else swap
     modules = _modules_to_convert(module, recurse)
+    steps = _override_steps(list(module.modules()) if recurse else [module])
+    _run_overridden(steps, modules, lambda: _convert_and_commit(fn, modules, overwrite, swap))
+    return module
+
+
+def _convert_and_commit(fn: Callable[[Tensor], Tensor], modules: list[nn.Module],
+                        overwrite: bool, swap: bool) -> None:
+    """Rules 3-8: the conversion itself, atomic."""
     params = _collect(modules, "_parameters")
     buffers = _collect(modules, "_buffers")
     grads = [s.tensor.grad for s in params if s.tensor.grad is not None]
     results = _convert_all(fn, [s.tensor for s in params] + grads + [s.tensor for s in buffers])
     _commit(params, buffers, results, overwrite=overwrite, swap=swap)
-    return module
 
 
 def choose_path(param: Tensor, applied: Tensor, *, overwrite: bool, swap: bool) -> str:
@@ -99,6 +131,50 @@ def _modules_to_convert(module: nn.Module, recurse: bool) -> list[nn.Module]:
 
     visit(module)
     return ordered
+
+
+def _override_steps(parents_first: list[nn.Module]) -> list[_Step]:
+    """Rule 9: every override step in ``before`` order; raises before anything changes."""
+    return [_Step(m, override) for m in parents_first for override in overrides_of(m)]
+
+
+def _run_overridden(steps: list[_Step], children_first: list[nn.Module],
+                    convert: Callable[[], None]) -> None:
+    """Rule 10: the ``before`` steps, ``convert()``, then the ``after`` of every step whose
+    ``before`` ran, also when a ``before`` or the conversion raises (that error wins)."""
+    ran: list[_Step] = []
+    try:
+        for step in steps:
+            step.override.before(step.module)
+            ran.append(step)
+        convert()
+    except BaseException as error:
+        _run_afters(_after_order(ran, children_first), failure=error)
+        raise
+    _run_afters(_after_order(ran, children_first), failure=None)
+
+
+def _after_order(ran: list[_Step], children_first: list[nn.Module]) -> list[_Step]:
+    """Rule 10: children before parents; within one module the inner class first (``ran``
+    lists it last, and the sort is stable)."""
+    position = {id(m): i for i, m in enumerate(children_first)}
+    return sorted(reversed(ran), key=lambda step: position[id(step.module)])
+
+
+def _run_afters(steps: list[_Step], failure: BaseException | None) -> None:
+    """Rule 10: every ``after`` runs. Their first error propagates when nothing failed before;
+    after a failure, that failure propagates and their errors are only noted on it."""
+    first: Exception | None = None
+    for step in steps:
+        try:
+            step.override.after(step.module)
+        except Exception as error:
+            if failure is not None:
+                failure.add_note(f"then the after step on {step.module._get_name()} raised {error!r}")
+            elif first is None:
+                first = error
+    if first is not None:
+        raise first
 
 
 def _collect(modules: list[nn.Module], registry: str) -> list[_Slots]:

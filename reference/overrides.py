@@ -1,0 +1,147 @@
+"""The ``_apply`` overrides the reference honours, and the ones it refuses.
+
+A class that overrides ``nn.Module._apply`` is described by an ``ApplyOverride``: the work its
+own ``_apply`` does before it calls ``super()._apply`` (``before``) and after that returns
+(``after``). ``reference.apply`` converts the tensors itself and runs these steps around the
+conversion (rules 9 and 10 of its docstring).
+
+Rules:
+1. Lookup walks ``type(module).__mro__`` up to ``nn.Module``. Every class on the way that
+   defines ``_apply`` in its own ``__dict__`` must be described (built in, or registered with
+   ``register_apply_override``); a description covers that one class's own code, so a subclass
+   of ``nn.LSTM`` that overrides ``_apply`` again needs its own. The module's descriptions come
+   outermost class first (``overrides_of``).
+2. A class in ``REFUSED`` cannot be converted by the reference at all: ``ApplyOverrideError``
+   with the stated reason.
+3. A class that defines ``_apply`` and is described nowhere is unknown: ``ApplyOverrideError``
+   naming it and saying how to register it.
+4. ``register_apply_override`` describes a class that defines ``_apply`` itself and is not yet
+   described (built in, refused or registered); ``unregister_apply_override`` removes a
+   registration again. Built-in descriptions cannot be replaced or removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from torch import nn
+from torch.nn.cpp import ModuleWrapper
+
+
+class ApplyOverrideError(TypeError):
+    """A module whose class overrides ``_apply`` in a way the reference cannot follow."""
+
+
+@dataclass(frozen=True)
+class ApplyOverride:
+    """What one class's ``_apply`` does around its ``super()._apply(fn, recurse)`` call.
+
+    Neither step may change the tensors in the module's slots; both get the module itself.
+    """
+
+    before: Callable[[nn.Module], None]
+    after: Callable[[nn.Module], None]
+
+
+def _drop_flat_weight_refs(rnn: nn.RNNBase) -> None:
+    """``RNNBase._apply`` before: drop the weakrefs that would block ``swap_tensors``."""
+    rnn._flat_weight_refs = []
+
+
+def _init_flat_weights(rnn: nn.RNNBase) -> None:
+    """``RNNBase._apply`` after: point ``_flat_weights`` (and its weakrefs) at the parameters."""
+    rnn._init_flat_weights()
+
+
+BUILTIN: Mapping[type, ApplyOverride] = MappingProxyType({
+    nn.RNNBase: ApplyOverride(before=_drop_flat_weight_refs, after=_init_flat_weights),
+})
+
+REFUSED: Mapping[type, str] = MappingProxyType({
+    ModuleWrapper: (
+        "it wraps a C++ frontend module: its _apply rewrites `param.data` of the C++ module's "
+        "tensors itself and never calls super()._apply, so there is no conversion to take over"
+    ),
+})
+
+_registered: dict[type, ApplyOverride] = {}
+
+
+def register_apply_override(
+    cls: type,
+    *,
+    before: Callable[[nn.Module], None],
+    after: Callable[[nn.Module], None],
+) -> None:
+    """Rule 4: teach the reference the ``_apply`` override of ``cls``.
+
+    ``before(module)`` is the work ``cls._apply`` does before ``super()._apply``; ``after(module)``
+    the work after it. Bad input raises (``TypeError``, ``ValueError``) and registers nothing.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"register_apply_override: expected a class, got {cls!r}")
+    for step_name, step in (("before", before), ("after", after)):
+        if not callable(step):
+            raise TypeError(f"register_apply_override: {step_name} must be callable, got {step!r}")
+    if cls is nn.Module or "_apply" not in vars(cls):
+        raise ValueError(
+            f"register_apply_override: {_qualname(cls)} does not override _apply itself; "
+            "there is nothing to describe"
+        )
+    if cls in BUILTIN or cls in REFUSED or cls in _registered:
+        raise ValueError(f"register_apply_override: {_qualname(cls)} is already described")
+    _registered[cls] = ApplyOverride(before=before, after=after)
+
+
+def unregister_apply_override(cls: type) -> None:
+    """Rule 4: remove the registration of ``cls`` (``ValueError`` if it has none)."""
+    if cls not in _registered:
+        raise ValueError(f"unregister_apply_override: {_qualname(cls)} is not registered")
+    del _registered[cls]
+
+
+def registered_apply_overrides() -> dict[type, ApplyOverride]:
+    """A copy of the registrations made with ``register_apply_override``."""
+    return dict(_registered)
+
+
+def restore_registered_apply_overrides(saved: Mapping[type, ApplyOverride]) -> None:
+    """Make the registrations exactly ``saved`` (a ``registered_apply_overrides()`` copy)."""
+    _registered.clear()
+    _registered.update(saved)
+
+
+def overrides_of(module: nn.Module) -> list[ApplyOverride]:
+    """Rules 1-3: the descriptions of ``module``'s ``_apply`` overrides, outermost class first."""
+    found = []
+    for klass in type(module).__mro__:
+        if klass is nn.Module:
+            break
+        if klass in REFUSED:
+            raise ApplyOverrideError(
+                f"reference.apply refuses the _apply override of {_named(klass, module)}, "
+                f"because {REFUSED[klass]}"
+            )
+        override = BUILTIN.get(klass) or _registered.get(klass)
+        if override is not None:
+            found.append(override)
+        elif "_apply" in vars(klass):
+            raise ApplyOverrideError(
+                f"reference.apply does not know the _apply override of {_named(klass, module)}; "
+                "describe the work it does before and after super()._apply with "
+                f"swapspec.reference.register_apply_override({klass.__name__}, before=..., after=...)"
+            )
+    return found
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _named(klass: type, module: nn.Module) -> str:
+    """``klass`` by its full name, and the module's own class when that is a subclass of it."""
+    if klass is type(module):
+        return _qualname(klass)
+    return f"{_qualname(klass)} (a base of {_qualname(type(module))})"
