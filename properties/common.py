@@ -83,11 +83,16 @@ class ApplySnapshot:
     attributes: dict[int, dict]
     expected: dict[int, Any] = field(default_factory=dict)
     expected_error: BaseException | None = None
+    swap_refused: set[str] = field(default_factory=set)  # parameters the swap path would refuse
 
 
 def snapshot_for_apply(module: nn.Module, make_fn: Callable[[], Callable],
-                       recurse: bool = True) -> ApplySnapshot:
-    """Record the module and what a fresh ``fn`` returns for each distinct tensor."""
+                       recurse: bool = True, flags: Any = None) -> ApplySnapshot:
+    """Record the module and what a fresh ``fn`` returns for each distinct tensor.
+
+    With ``flags``, also the parameters that would take the swap path and that
+    ``swap_tensors`` refuses (``swap_refused``; see ``refused_by_swap``).
+    """
     names = named_tensors(module)
     params = distinct(list(module.parameters()))
     snap = ApplySnapshot(
@@ -106,7 +111,41 @@ def snapshot_for_apply(module: nn.Module, make_fn: Callable[[], Callable],
                 snap.expected[id(t)] = _frozen(fn(t))
     except Exception as e:
         snap.expected_error = e
+    if flags is not None and snap.expected_error is None:
+        swapped = {name for name, t in names.items() if id(t) in snap.classes
+                   and id(t) in snap.expected  # converted (recurse=False converts fewer)
+                   and expected_path(t, snap.expected[id(t)], flags.overwrite, flags.swap) == "swap"}
+        snap.swap_refused = swapped & refused_by_swap(module)
     return snap
+
+
+def refused_by_swap(module: nn.Module) -> set[str]:
+    """Names of the parameters ``swap_tensors`` refuses right now, probed on the module itself.
+
+    Only modules whose grads carry an autograd graph (``backward(create_graph=True)``) are
+    probed: such a graph can hold parameters, a use count ``swap_tensors`` refuses. Each
+    parameter is swapped with a same-valued one and straight back (its grad cleared meanwhile,
+    as a conversion does), which leaves it exactly as it was.
+    """
+    params = distinct([p for p in module.parameters() if not is_uninitialized(p)])
+    if not any(p.grad is not None and p.grad.grad_fn is not None for p in params):
+        return set()
+    refused = {id(p) for p in params if not _swappable(p)}
+    return {name for name, p in module.named_parameters(remove_duplicate=False) if id(p) in refused}
+
+
+def _swappable(param: nn.Parameter) -> bool:
+    grad, param.grad = param.grad, None
+    probe = nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad)
+    try:
+        torch.utils.swap_tensors(param, probe)
+    except RuntimeError:
+        return False
+    else:
+        torch.utils.swap_tensors(param, probe)
+        return True
+    finally:
+        param.grad = grad
 
 
 def _grads(params: list[Tensor]) -> list[Tensor]:

@@ -67,8 +67,9 @@ def xla() -> torch.device:
 
 def _setup(target, property_id, module, conversion, flags):
     example = Example(module, conversion=conversion, flags=flags)
+    snap = snapshot_for_apply(module, conversion.make_fn, flags=flags)
+    assume(not snap.swap_refused)  # a refused swap is APPLY-REFUSED-SWAP's business
     check = Checker(property_id, target, example)
-    snap = snapshot_for_apply(module, conversion.make_fn)
     return example, check, snap
 
 

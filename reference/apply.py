@@ -18,7 +18,7 @@ from swapspec.reference.flags import (
     get_overwrite_module_params_on_conversion,
     get_swap_module_params_on_conversion,
 )
-from swapspec.reference.overrides import ApplyOverride, overrides_of
+from swapspec.reference.overrides import ApplyOverride, hook_overrides_of, overrides_of
 
 SWAP, SET_DATA, OVERWRITE = "swap", "set_data", "overwrite"
 
@@ -77,7 +77,9 @@ def apply(
        ``after`` steps. Every class of a module's MRO ahead of ``nn.Module`` that defines
        ``_apply`` must be described (``torch.nn.RNNBase`` is built in; a host adds its own with
        ``register_apply_override``); an unknown or refused one raises ``ApplyOverrideError``
-       before anything changes (``_override_steps``).
+       before anything changes (``_override_steps``). Old-style reparametrizations
+       (``torch.nn.utils.weight_norm``, ``spectral_norm``, ``prune``) are described per hook:
+       their computed attribute is dropped before and computed again after.
     10. Order and failure (``_run_overridden``), torch's order: every ``before`` runs before
        any ``fn`` call, parents before children and the outer class first; every ``after``
        runs after the commit, children before parents and the inner class first. If a
@@ -86,6 +88,14 @@ def apply(
        from the restored ones, and that error propagates unchanged (an ``after`` error then
        becomes a note on it). After a successful commit every ``after`` runs and the first
        error among them propagates; the conversion stays.
+    11. Tensor hooks (``_carry_tensor_hooks``): a parameter's ``register_hook`` and
+       ``register_post_accumulate_grad_hook`` hooks fire after the conversion on every path:
+       the overwrite path registers them on the new parameter, the swap path re-registers them
+       on the swapped-in TensorImpl (a hook registered after the swap fires too). Removing a
+       hook through its handle still works.
+    12. A grad that carries an autograd graph (``backward(create_graph=True)``) keeps its
+       ``requires_grad``. Its graph can hold the parameter, and then ``swap_tensors`` refuses
+       the parameter: rule 4 rolls back, and the error notes the graph.
     """
     overwrite = get_overwrite_module_params_on_conversion() if overwrite is None else overwrite
     swap = get_swap_module_params_on_conversion() if swap is None else swap
@@ -135,7 +145,8 @@ def _modules_to_convert(module: nn.Module, recurse: bool) -> list[nn.Module]:
 
 def _override_steps(parents_first: list[nn.Module]) -> list[_Step]:
     """Rule 9: every override step in ``before`` order; raises before anything changes."""
-    return [_Step(m, override) for m in parents_first for override in overrides_of(m)]
+    return [_Step(m, override) for m in parents_first
+            for override in (*overrides_of(m), *hook_overrides_of(m))]
 
 
 def _run_overridden(steps: list[_Step], children_first: list[nn.Module],
@@ -243,12 +254,29 @@ def _as_parameter_like(param: Tensor, applied: Tensor) -> Tensor:
     if type(applied) in (Tensor, nn.Parameter):  # a parameter was detached above
         new.__class__ = type(param)
     new.__dict__.update(param.__dict__)
+    _carry_tensor_hooks(_tensor_hooks(param), new)
     return new
+
+
+def _tensor_hooks(param: Tensor) -> tuple[object, object]:
+    """Rule 11: the parameter's hook tables (``register_hook``, post-accumulate-grad)."""
+    return param._backward_hooks, param._post_accumulate_grad_hooks
+
+
+def _carry_tensor_hooks(hooks: tuple[object, object], tensor: Tensor) -> None:
+    """Rule 11: register these hook tables on ``tensor``'s own TensorImpl. The tables are the
+    same objects, so the handles ``register_hook`` returned still remove the hooks."""
+    backward, post_accumulate = hooks
+    if backward is not None:
+        tensor._backward_hooks = backward
+    if post_accumulate is not None:
+        tensor._post_accumulate_grad_hooks = post_accumulate
 
 
 def _swap_param(slots: _Slots, param: Tensor, applied: Tensor, grad, undo) -> None:
     """Swap path: the object stays, its contents (and grad, see rule 7) are replaced."""
     new = _as_parameter_like(param, applied)
+    hooks = _tensor_hooks(param)
     module, key = slots.where[0]
     if grad is not None:
         param.grad = None  # reading .grad holds a use count that blocks swap_tensors
@@ -257,14 +285,24 @@ def _swap_param(slots: _Slots, param: Tensor, applied: Tensor, grad, undo) -> No
     except Exception as e:
         if grad is not None:
             param.grad = grad
-        raise RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}") from e
+        error = RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}")
+        if _carries_graph(grad):
+            error.add_note(f"{key}'s grad carries an autograd graph (backward(create_graph=True)) "
+                           "that can hold the parameter; clear or detach the grads first")
+        raise error from e
+    _carry_tensor_hooks(hooks, param)  # the hooks were registered on the swapped-out TensorImpl
 
     def swap_back() -> None:  # later steps are undone first, so param.grad is None again here
         torch.utils.swap_tensors(param, new)
+        _carry_tensor_hooks(hooks, param)
         if grad is not None:
             param.grad = grad
 
     undo.append(swap_back)
+
+
+def _carries_graph(grad: Tensor | None) -> bool:
+    return grad is not None and grad.grad_fn is not None
 
 
 def _set_data(tensor: Tensor, applied: Tensor, undo) -> None:

@@ -15,6 +15,14 @@ Rules:
    with the stated reason.
 3. A class that defines ``_apply`` and is described nowhere is unknown: ``ApplyOverrideError``
    naming it and saying how to register it.
+5. Old-style reparametrizations (``torch.nn.utils.weight_norm``, ``spectral_norm`` and
+   ``prune``) keep a computed attribute (``weight``) that their forward pre-hook recomputes,
+   and whose autograd graph holds the tensors it is computed from (so ``swap_tensors``
+   refuses them). Each such hook is described per module (``hook_overrides_of``): ``before``
+   drops the computed attribute, ``after`` computes it again from the converted tensors, the
+   way the hook would, without a power iteration. Where that computation fails on the
+   converted tensors (sparse ones), the attribute stays absent, for the hook to compute at the
+   next forward (which then raises, as torch's stale attribute would).
 4. ``register_apply_override`` describes a class that defines ``_apply`` itself and is not yet
    described (built in, refused or registered); ``unregister_apply_override`` removes a
    registration again. Built-in descriptions cannot be replaced or removed.
@@ -28,6 +36,9 @@ from types import MappingProxyType
 
 from torch import nn
 from torch.nn.cpp import ModuleWrapper
+from torch.nn.utils.prune import BasePruningMethod
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 
 class ApplyOverrideError(TypeError):
@@ -134,6 +145,43 @@ def overrides_of(module: nn.Module) -> list[ApplyOverride]:
                 f"swapspec.reference.register_apply_override({klass.__name__}, before=..., after=...)"
             )
     return found
+
+
+def _recomputed(hook: object) -> Callable[[nn.Module], object]:
+    """The computed attribute of one old-style reparametrization hook, as the hook computes it."""
+    if isinstance(hook, SpectralNorm):
+        return lambda m: hook.compute_weight(m, do_power_iteration=False)
+    if isinstance(hook, BasePruningMethod):
+        return hook.apply_mask
+    return hook.compute_weight
+
+
+def _derived_attribute(hook: WeightNorm | SpectralNorm | BasePruningMethod) -> ApplyOverride:
+    """Rule 5 for one hook."""
+    compute = _recomputed(hook)
+
+    def before(module: nn.Module) -> None:
+        module.__dict__.pop(hook._tensor_name if isinstance(hook, BasePruningMethod) else hook.name,
+                            None)
+
+    def after(module: nn.Module) -> None:
+        name = hook._tensor_name if isinstance(hook, BasePruningMethod) else hook.name
+        try:
+            value = compute(module)
+        except RuntimeError:
+            return  # left absent: the forward pre-hook computes it (and raises) when needed
+        setattr(module, name, value)
+
+    return ApplyOverride(before=before, after=after)
+
+
+OLD_STYLE_HOOKS = (WeightNorm, SpectralNorm, BasePruningMethod)
+
+
+def hook_overrides_of(module: nn.Module) -> list[ApplyOverride]:
+    """Rule 5: one description per old-style reparametrization hook of ``module``."""
+    return [_derived_attribute(hook) for hook in module._forward_pre_hooks.values()
+            if isinstance(hook, OLD_STYLE_HOOKS)]
 
 
 def _qualname(cls: type) -> str:
