@@ -120,18 +120,20 @@ def snapshot_for_apply(module: nn.Module, make_fn: Callable[[], Callable],
 
 
 def refused_by_swap(module: nn.Module) -> set[str]:
-    """Names of the parameters ``swap_tensors`` refuses right now, probed on the module itself.
+    """Names of the parameters ``swap_tensors`` refuses, probed on a fresh build of the tree.
 
-    Only modules whose grads carry an autograd graph (``backward(create_graph=True)``) are
-    probed: such a graph can hold parameters, a use count ``swap_tensors`` refuses. Each
-    parameter is swapped with a same-valued one and straight back (its grad cleared meanwhile,
-    as a conversion does), which leaves it exactly as it was.
+    Only trees trained with ``backward(create_graph=True)`` have any: their grads' autograd
+    graphs can hold parameters (a use count ``swap_tensors`` refuses). Each parameter of the
+    copy is swapped with a same-valued one and straight back, its grad cleared meanwhile, as a
+    conversion does. (Probing the module itself would poison its AccumulateGrad nodes.)
     """
-    params = distinct([p for p in module.parameters() if not is_uninitialized(p)])
-    if not any(p.grad is not None and p.grad.grad_fn is not None for p in params):
+    info = tree_info(module)
+    if info.spec.trained != "backward-create-graph":
         return set()
+    copy = info.build()
+    params = distinct([p for p in copy.parameters() if not is_uninitialized(p)])
     refused = {id(p) for p in params if not _swappable(p)}
-    return {name for name, p in module.named_parameters(remove_duplicate=False) if id(p) in refused}
+    return {name for name, p in copy.named_parameters(remove_duplicate=False) if id(p) in refused}
 
 
 def _swappable(param: nn.Parameter) -> bool:

@@ -59,6 +59,10 @@ class Target:
         """What ``load_target`` takes to get this target back."""
         return self.spec or self.name
 
+    def __repr__(self) -> str:
+        """The selector only: falsifying examples print this, not the declarations."""
+        return f"Target({self.selector!r})"
+
 
 def torch_apply(
     module: nn.Module, fn: Callable, *, overwrite: bool, swap: bool, recurse: bool = True

@@ -200,6 +200,7 @@ def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, opt
               if p.requires_grad and not is_uninitialized(p)]
     assume(params)
     opt = getattr(torch.optim, optimizer)(params, lr=0.1)
+    opt.zero_grad(set_to_none=True)  # the grads of this training step only
     assume(_backward(module, inputs[0]).error is None)
     assume(attempt(opt.step).error is None)  # Adam refuses sparse grads
     example, check, snap = _setup(target, "APPLY-OPTIMIZER", module, conversion, flags)
@@ -220,4 +221,4 @@ def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, opt
     names = [names_of[id(p)] for p in params]
     _verdict(check, example, target, setup=[
         f"opt = torch.optim.{optimizer}([named(module)[n] for n in {names!r}], lr=0.1)",
-        *_backward_lines(inputs[0]), "opt.step()"])
+        "opt.zero_grad(set_to_none=True)", *_backward_lines(inputs[0]), "opt.step()"])

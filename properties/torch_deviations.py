@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.common import attempt, clone_value, is_uninitialized, loaded_copy
@@ -109,11 +110,63 @@ def swap_refuses_subclass(example: Example) -> bool:
                for p, applied in _results(example, _params(example)))
 
 
+def old_weight_norm_swapped(example: Example) -> bool:
+    """A module with the old hook-based ``weight_norm`` takes the swap path for ``weight_g`` or
+    ``weight_v``: its computed ``weight`` attribute holds them in its autograd graph, so
+    ``swap_tensors`` refuses them and ``_apply`` raises."""
+    for m in _scope(example):
+        hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+        for hook in hooks:
+            for suffix in ("_g", "_v"):
+                p = m._parameters.get(hook.name + suffix)
+                if p is not None and any(torch_path(example, q, applied) == "swap"
+                                         for q, applied in _results(example, [p])):
+                    return True
+    return False
+
+
+def graph_grad_not_leaf(example: Example) -> bool:
+    """A grad that carries an autograd graph (``backward(create_graph=True)``) on a parameter
+    whose grad torch replaces (not swapped, not ``.data =``): torch asserts
+    ``param_grad.is_leaf``."""
+    for p, applied in _results(example, _params(example)):
+        grad = p.grad
+        if grad is None or grad.is_leaf or torch_path(example, p, applied) == "swap":
+            continue
+        with torch.no_grad():
+            grad_applied = example.conversion.make_fn()(grad)
+        if example.flags.overwrite or not torch._has_compatible_shallow_copy_type(grad, grad_applied):
+            return True
+    return False
+
+
+def torch_apply_raises(example: Example) -> bool:
+    """torch's ``_apply`` raises on this example (then no other deviation shows)."""
+    return (swap_refuses_subclass(example) or old_weight_norm_swapped(example)
+            or graph_grad_not_leaf(example))
+
+
+def loses_tensor_hooks(example: Example) -> bool:
+    """Some parameter takes the overwrite path (a new object without the hooks) or the swap
+    path (the hooks stay registered on the swapped-out TensorImpl)."""
+    return not torch_apply_raises(example) and any(
+        p.requires_grad and torch_path(example, p, applied) != "set_data"
+        for p, applied in _results(example, _params(example)))
+
+
+def swap_ignores_new_hooks(example: Example) -> bool:
+    """Some parameter takes the swap path: ``register_hook`` after the swap adds to the
+    swapped-in hook table but never registers it on the new TensorImpl."""
+    return not torch_apply_raises(example) and any(
+        p.requires_grad and torch_path(example, p, applied) == "swap"
+        for p, applied in _results(example, _params(example)))
+
+
 def drops_parameter_class(example: Example) -> bool:
     """A ``Parameter`` subclass or attribute-carrying parameter takes swap or overwrite
     with a new tensor from ``fn``: torch rebuilds a plain ``Parameter`` (or, for a tensor
     subclass result such as ``TwoTensor``, that class) without the instance attributes."""
-    return not swap_refuses_subclass(example) and any(
+    return not torch_apply_raises(example) and any(
         _is_subclassed(p) and applied is not p and torch_path(example, p, applied) != "set_data"
         and (bool(p.__dict__) or not is_traceable_wrapper_subclass(applied))
         for p, applied in _results(example, _params(example)))
@@ -132,7 +185,7 @@ def _distinct_slots(example: Example, registry: str) -> dict[int, int]:
 def overwrite_splits_tied_parameters(example: Example) -> bool:
     """A parameter held by two slots takes the overwrite path: each slot gets its own copy."""
     held = _distinct_slots(example, "_parameters")
-    return not swap_refuses_subclass(example) and any(
+    return not torch_apply_raises(example) and any(
         held[id(p)] > 1 and torch_path(example, p, applied) == "overwrite"
         for p, applied in _results(example, _params(example)))
 
@@ -140,7 +193,7 @@ def overwrite_splits_tied_parameters(example: Example) -> bool:
 def rebinding_splits_tied_buffers(example: Example) -> bool:
     """A buffer held by two slots, with ``fn`` returning a new tensor: one result per slot."""
     held = _distinct_slots(example, "_buffers")
-    return not swap_refuses_subclass(example) and any(
+    return not torch_apply_raises(example) and any(
         held[id(b)] > 1 and applied is not b for b, applied in _results(example, _buffers(example)))
 
 
@@ -158,7 +211,7 @@ def _slot_counts(example: Example, registry: str) -> dict[int, int]:
 
 def converts_some_tensor_twice(example: Example) -> bool:
     """Some tensor is met twice by torch's traversal (a tie, or a module visited twice)."""
-    if swap_refuses_subclass(example):
+    if torch_apply_raises(example):
         return False
     counts = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
     return any(n > 1 for n in counts.values())
@@ -170,7 +223,7 @@ def _converts_result_again(example: Example, tensors: list[Tensor]) -> bool:
     That happens on the set_data and swap paths (the object itself changed) whenever the
     tensor is met twice, and on every path when its module is visited twice.
     """
-    if swap_refuses_subclass(example):
+    if torch_apply_raises(example):
         return False
     met = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
     visits = torch_visits(example.module)
@@ -240,7 +293,7 @@ def converts_before_refused_swap(example: Example) -> bool:
 def swaps_twice_back(example: Example) -> bool:
     """A swapped parameter is met two or more times: each swap frees a TensorImpl whose
     address a later swap may reuse, so its ``_cdata`` can end where it started."""
-    if swap_refuses_subclass(example):
+    if torch_apply_raises(example):
         return False
     counts = _slot_counts(example, "_parameters")
     return any(counts[id(p)] >= 2 and torch_path(example, p, applied) == "swap"
@@ -452,9 +505,12 @@ def parametrized_name_with_right_inverse(example: Example) -> bool:
     return plist is not None and _has_right_inverse(plist)
 
 
-def spectral_norm_name_given(example: Example) -> bool:
+def reparametrizing_name_given(example: Example) -> bool:
+    """The call names a spectral-normed or orthogonal attribute directly: torch's restore goes
+    through right_inverse, which stores other values (spectral norm) or rebinds the
+    parametrization's own ``base`` buffer (orthogonal)."""
     plist = _given_parametrized_attribute(example)
-    return plist is not None and type(plist[0]).__name__ == "_SpectralNorm"
+    return plist is not None and type(plist[0]).__name__ in ("_SpectralNorm", "_Orthogonal")
 
 
 def has_alias_groups(example: Example) -> bool:
@@ -463,7 +519,8 @@ def has_alias_groups(example: Example) -> bool:
 
 APPLY_IDS = ("APPLY-PATH", "APPLY-NO-SET-DATA-ACROSS-IMPL", "APPLY-VALUES",
              "APPLY-PARAMETER-IDENTITY", "APPLY-GRADS", "APPLY-NONE-SLOTS", "APPLY-TIES",
-             "APPLY-FN-ONCE", "APPLY-RECURSE-FALSE", "APPLY-ROUND-TRIP")
+             "APPLY-FN-ONCE", "APPLY-RECURSE-FALSE", "APPLY-ROUND-TRIP", "APPLY-FORWARD",
+             "APPLY-TENSOR-HOOKS", "APPLY-OPTIMIZER")
 
 SHARED_SLOT = (
     "functional_call swaps a shared submodule's slot once per name and restores in the same "
@@ -499,15 +556,48 @@ PARAMETRIZED_NAME = (
     "assert seen['w'] is v  # fails")
 
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        APPLY_IDS, old_weight_norm_swapped, "raised", always=False, reason=
+        "The old hook-based torch.nn.utils.weight_norm keeps `weight` as an attribute computed "
+        "from weight_g and weight_v, whose autograd graph holds them; on the swap path "
+        "swap_tensors refuses them and _apply raises (torch 2.13). Only while that graph lives: "
+        "a backward() through it frees it. Repro: m = nn.Linear(2, 2); "
+        "torch.nn.utils.weight_norm(m); torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+    Deviation(
+        APPLY_IDS, graph_grad_not_leaf, "raised",
+        "After backward(create_graph=True) the grads carry a graph; where _apply replaces a grad "
+        "(overwrite flag, or a TensorImpl change such as to('meta')) it asserts "
+        "`param_grad.is_leaf` and raises halfway. Repro: m = nn.Linear(2, 2); "
+        "m(torch.ones(1, 2)).pow(2).sum().backward(create_graph=True); "
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); "
+        "m.double()  # AssertionError: param_grad must be a leaf tensor"),
+    Deviation(
+        "APPLY-TENSOR-HOOKS", loses_tensor_hooks, "before-hook-lost",
+        "Hooks registered on a parameter (register_hook, register_post_accumulate_grad_hook) "
+        "stop firing after a conversion on the overwrite path (a new Parameter without them) "
+        "and on the swap path (they stay on the swapped-out TensorImpl) (torch 2.13). Repro: "
+        "m = nn.Linear(2, 2); n = []; m.weight.register_hook(lambda g: n.append(1)); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.double(); "
+        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails"),
+    Deviation(
+        "APPLY-TENSOR-HOOKS", swap_ignores_new_hooks, "after-hook-lost",
+        "After a swap, a hook registered on the parameter never fires: the swapped-in Python "
+        "object already has a hook table, so register_hook only adds to it and never "
+        "registers it on the new TensorImpl (torch 2.13). Repro: m = nn.Linear(2, 2); "
+        "m.weight.register_hook(lambda g: g); torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double(); n = []; m.weight.register_hook(lambda g: n.append(1)); "
+        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails"),
     Deviation("FC-PARAMETRIZED", parametrized_name_without_right_inverse, "raised",
               PARAMETRIZED_NAME),
     Deviation("FC-PARAMETRIZED", parametrized_name_with_right_inverse, "not-disabled",
               PARAMETRIZED_NAME),
     Deviation(
-        "FC-PARAMETRIZED", spectral_norm_name_given, "not-restored",
-        "Restoring a spectral-normed weight after a call that named it assigns the old weight "
-        "through right_inverse, which stores weight/sigma: `parametrizations.weight.original` "
-        "keeps its object but not its values. Repro: m = nn.Linear(3, 3); "
+        "FC-PARAMETRIZED", reparametrizing_name_given, "not-restored",
+        "Restoring a parametrized weight after a call that named it assigns the old weight "
+        "through right_inverse: for spectral_norm that stores weight/sigma, so "
+        "`parametrizations.weight.original` keeps its object but not its values; for "
+        "orthogonal it rebinds the parametrization's `base` buffer. Repro: m = nn.Linear(3, 3); "
         "torch.nn.utils.parametrizations.spectral_norm(m); o = m.parametrizations.weight.original; "
         "before = o.detach().clone(); torch.func.functional_call(m, {'weight': torch.rand(3, 3)}, "
         "(torch.ones(1, 3),)); assert torch.equal(o, before)  # fails"),
