@@ -25,7 +25,7 @@ PAIR_IDS = [f"{e}-{v}" for e, v in PAIRS]
 UNINIT = nn.parameter.UninitializedTensorMixin
 FIND = settings(database=None, max_examples=3000, phases=[Phase.generate], deadline=None,
                 suppress_health_check=list(HealthCheck))
-BUDGET_S = 0.050  # per build+forward with fresh inputs (module docstring of torch_modules)
+BUDGET_S = 0.050  # CPU seconds per build+forward with fresh inputs (ENTRY_EXCLUSIONS in torch_modules)
 # (entry, variant) -> parameters whose change leaves the output alone at seed 0, with the reason.
 NOT_READ = {
     ("nn.LayerNorm", 5): (None, "the input is empty: no parameter reaches the output"),
@@ -187,15 +187,18 @@ def test_adapter_output_depends_on_each_parameter(entry: str, variant: int) -> N
 
 @pytest.mark.parametrize("entry", list(TM.catalogue()))
 def test_entry_builds_and_runs_within_budget(entry: str) -> None:
-    """Generating fresh inputs (a new seed) plus building plus one forward stays under the budget, best of 3."""
+    """Generating fresh inputs (a new seed) plus building plus one forward stays under the budget, best of 3.
+
+    Measured in CPU time of this process (one intra-op thread), so other processes' load does not count.
+    """
     worst = 0.0
     for variant in TM.catalogue()[entry].variants:
         best = float("inf")
         for trial in range(3):
             seed = 10**9 + 1000 * variant + trial
-            start = time.perf_counter()
+            start = time.process_time()
             TM.build_leaf(entry, variant, seed)(X)
-            best = min(best, time.perf_counter() - start)
+            best = min(best, time.process_time() - start)
         worst = max(worst, best)
     assert worst < BUDGET_S, f"{entry}: {worst * 1000:.1f} ms"
 
