@@ -303,7 +303,8 @@ def module_trees(
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
     Every module maps a float tensor ``(BATCH, FEATURES)`` to one of the same shape/dtype, takes ``**kwargs``
-    (``fail=True``, ``report=[...]``) and is deterministic; its output depends on every registered tensor.
+    (``fail=True``, ``report=[...]``) and is deterministic; its output depends on every registered tensor
+    outside catalogue leaves, and on the tensors a catalogue module's own forward reads.
 
     Options:
 
