@@ -1,7 +1,8 @@
 """Measure the reach of the strategies: how often each feature tag shows up in a fixed-seed sample.
 
 ``python -m strategies.reach [N]`` prints Markdown tables (feature, frequency) for N trees (default 1000),
-N conversions and N call inputs, and the time taken to draw and build the N trees.
+N catalogue-rich trees (:data:`CATALOGUE_REACH_CHANCE`), N conversions and N call inputs, and the time taken
+to draw and build the N trees.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from hypothesis import strategies as st
 
 from swapspec.strategies.calls import call_inputs, flag_settings
 from swapspec.strategies.conversions import conversions
-from swapspec.strategies.tree_draws import module_trees
-from swapspec.strategies.trees import tree_info
+from swapspec.strategies.tree_draws import module_trees, tree_specs
+from swapspec.strategies.trees import spec_features, tree_info
+
+# Catalogue leaves are one leaf in ~14 by default, too few to measure their families, ties and shares on a
+# sample of hundreds; catalogue_reach draws trees with this catalogue_chance instead.
+CATALOGUE_REACH_CHANCE = 40
 
 
 def sample(strategy: st.SearchStrategy[Any], n: int, features: Callable[[Any], Iterable[str]]) -> list[frozenset[str]]:
@@ -50,6 +55,11 @@ def tree_reach(n: int, **options: Any) -> list[frozenset[str]]:
 
 # The decorations and training state, each drawn in every tree, so every kind shows in a sample.
 LIFE_OPTIONS = {"decoration_chance": 100, "training_chance": 100}
+
+
+def catalogue_reach(n: int) -> list[frozenset[str]]:
+    """Feature sets of ``n`` drawn tree specs with ``catalogue_chance=CATALOGUE_REACH_CHANCE``."""
+    return sample(tree_specs(catalogue_chance=CATALOGUE_REACH_CHANCE), n, spec_features)
 
 
 def conversion_reach(n: int) -> list[frozenset[str]]:
@@ -93,6 +103,8 @@ def main(argv: list[str]) -> None:
     life = frequencies(tree_reach(n, **LIFE_OPTIONS))
     print(table(f"decoration and training feature ({n} trees, {LIFE_OPTIONS})",
                 {k: v for k, v in life.items() if k.startswith(LIFE_TAGS)}), "\n")
+    catalogue = {k: v for k, v in frequencies(catalogue_reach(n)).items() if "catalogue" in k}
+    print(table(f"catalogue feature ({n} trees, catalogue_chance={CATALOGUE_REACH_CHANCE})", catalogue), "\n")
     print(table(f"conversion ({n} draws)", frequencies(conversion_reach(n))), "\n")
     print(table(f"call feature ({n} draws, invalid=True)", frequencies(call_reach(n))))
 

@@ -1,8 +1,8 @@
 """Hypothesis strategies that draw :class:`~strategies.trees.TreeSpec` s and module trees.
 
 Shrinking: every choice is ordered so that the simplest option comes first (a leaf before a container,
-``generic`` before real layers, float32 before other dtypes, shape ``(4,)`` first, no ties, no sharing, train
-mode, every flag off). The minimal tree is ``TreeSpec(root=LeafSpec(tensors=(TensorSpec(name='p0'),)))``:
+``generic`` before real layers before catalogue modules (the first family, entry and variant first), float32
+before other dtypes, shape ``(4,)`` first, no ties, no sharing, train mode, every flag off). The minimal tree is ``TreeSpec(root=LeafSpec(tensors=(TensorSpec(name='p0'),)))``:
 one generic leaf with one float32 ``(4,)`` parameter, seed 0.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -59,16 +60,20 @@ class _Options:
     buffer_dtypes: tuple[str, ...]
     behaviours: tuple[str, ...]
     behaviour_chance: int
+    catalogue: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]  # family, (entry, variants)
+    catalogue_chance: int
 
 
 def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
-             behaviours, behaviour_chance) -> _Options:
+             behaviours, behaviour_chance, catalogue, catalogue_chance) -> _Options:
     if max_depth < 0 or max_leaves < 1:
         raise ValueError(f"need max_depth >= 0 and max_leaves >= 1, got {max_depth}, {max_leaves}")
     unknown = sorted(set(behaviours) - set(BEHAVIOURS))
     if unknown or not 0 <= behaviour_chance <= 100:
         raise ValueError(f"behaviours must come from {BEHAVIOURS} (got unknown {unknown}) and "
                          f"behaviour_chance must be 0..100 (got {behaviour_chance})")
+    if not 0 <= catalogue_chance <= 100:
+        raise ValueError(f"catalogue_chance must be 0..100 (got {catalogue_chance})")
     names = BUFFER_DTYPES if dtypes is None else tuple(_name(d) for d in dtypes)
     names = tuple(sorted(names, key=BUFFER_DTYPES.index))  # float32 first where allowed
     param = tuple(d for d in names if d in PARAM_DTYPES)
@@ -77,8 +82,21 @@ def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dty
     if lazy and real_layers and "float32" in names:
         kinds = (*kinds, "LazyLinear")
     allowed = tuple(b for b in BEHAVIOURS if b in behaviours)
+    families = _catalogue_families(lazy) if catalogue and catalogue_chance and "float32" in names else ()
     return _Options(max_depth, max_leaves, sharing, ties, kinds, real_dtypes, grads, param, names,
-                    allowed, behaviour_chance)
+                    allowed, behaviour_chance, families, catalogue_chance)
+
+
+@cache
+def _catalogue_families(lazy: bool) -> tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]:
+    """The catalogue grouped by family in shrinking order; ``lazy=False`` leaves out lazy entries."""
+    from swapspec.strategies import torch_modules
+
+    grouped: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for e in torch_modules.catalogue().values():
+        if lazy or not e.lazy:
+            grouped.setdefault(e.family, []).append((e.name, e.variants))
+    return tuple((f, tuple(entries)) for f, entries in grouped.items())
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -132,12 +150,29 @@ def _real(draw: Draw, o: _Options) -> LeafSpec:
     )
 
 
+def _catalogue(draw: Draw, o: _Options) -> LeafSpec:
+    """A catalogue leaf: a family, then an entry of it, then one of its variants (each shrinks to the first),
+    then ``frozen`` and ``grad`` (as for real layers).
+
+    The entry and variant are drawn from ranges as wide as the largest family and entry, then wrapped, so every
+    family takes the same choices and the family can shrink without the later choices shifting.
+    """
+    _, entries = draw(st.sampled_from(o.catalogue))
+    widest = max(len(e) for _, e in o.catalogue)
+    entry, variants = entries[draw(st.integers(0, widest - 1)) % len(entries)]
+    longest = max(len(v) for _, e in o.catalogue for _, v in e)
+    variant = variants[draw(st.integers(0, longest - 1)) % len(variants)]
+    return LeafSpec("catalogue", entry=entry, variant=variant, frozen=_chance(draw, 15),
+                    grad=o.grads and _chance(draw, 20))
+
+
 def _node(draw: Draw, o: _Options, depth: int, budget: list[int]) -> LeafSpec | ContainerSpec:
     """A leaf, or (while ``depth < max_depth``, with chance 60% - 12% per level) a container of 1-3 children.
 
     ``budget`` counts the leaves still allowed; a container stops adding children when it reaches 0.
     The first leaf choice (15%) is the simplest leaf, a generic one with one float32 (4,) parameter, reached
-    with a single choice so that Hypothesis (shortlex) shrinks to it before any other leaf.
+    with a single choice so that Hypothesis (shortlex) shrinks to it before any other leaf. Then a catalogue
+    leaf with ``catalogue_chance`` percent, else a real layer (55%) or a generic leaf.
     """
     if depth < o.max_depth and _chance(draw, 60 - 12 * depth):
         kind = draw(st.sampled_from(CONTAINER_KINDS))
@@ -151,6 +186,8 @@ def _node(draw: Draw, o: _Options, depth: int, budget: list[int]) -> LeafSpec | 
     if o.param_dtypes and not _chance(draw, 85):  # the minimal leaf: no behaviour drawn
         always = o.behaviours if o.behaviour_chance == 100 else ()
         return LeafSpec(tensors=(TensorSpec("p0", dtype=o.param_dtypes[0]),), behaviours=always)
+    if o.catalogue and _chance(draw, o.catalogue_chance):
+        return _catalogue(draw, o)
     if o.real_kinds and _chance(draw, 55):
         return _real(draw, o)
     return _generic(draw, o)
@@ -229,7 +266,8 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
 
     Tied slots are left alone (a parametrization moves the tensor it decorates), and so are
     ``Parameter`` subclasses, which ``parametrize`` refuses, and sparse embeddings' weights
-    (reparametrized, their sparse grads fail in backward). Shrinks towards none, and towards the
+    (reparametrized, their sparse grads fail in backward), and the tensors of catalogue leaves
+    (torch's own modules: only their adapter gets module hooks). Shrinks towards none, and towards the
     hooks (first in the kind list) before any reparametrization.
     """
     if not _chance(draw, chance):
@@ -239,6 +277,10 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
     tagged, frozen = _slots_with(root, "tagged"), _slots_with(root, "frozen")
     sparse = {(path, "weight") for path, _, n in walk(root)
               if isinstance(n, LeafSpec) and n.kind == "SparseEmbedding"}
+    inners = [join(path, "inner") for path, _, n in walk(root)
+              if isinstance(n, LeafSpec) and n.kind == "catalogue"]
+    params = [s for s in params
+              if not any(s.path == i or s.path.startswith(i + ".") for i in inners)]
     modules = [path for path, _, _ in walk(root)]
     used: set[tuple[str, str]] = set()
     out = []
@@ -300,10 +342,12 @@ def tree_specs(
     decoration_chance: int = 30,
     decoration_kinds: Sequence[str] = DECORATION_KINDS,
     training_chance: int = 20,
+    catalogue: bool = True,
+    catalogue_chance: int = 7,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
-                 tuple(behaviours), behaviour_chance)
+                 tuple(behaviours), behaviour_chance, catalogue, catalogue_chance)
     root = _node(draw, o, 0, [o.max_leaves])
     tie_specs = _ties(draw, root) if o.ties else ()
     share_specs = _shares(draw, root) if o.sharing else ()
@@ -335,11 +379,14 @@ def module_trees(
     decoration_chance: int = 30,
     decoration_kinds: Sequence[str] = DECORATION_KINDS,
     training_chance: int = 20,
+    catalogue: bool = True,
+    catalogue_chance: int = 7,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
     Every module maps a float tensor ``(BATCH, FEATURES)`` to one of the same shape/dtype, takes ``**kwargs``
-    (``fail=True``, ``report=[...]``) and is deterministic; its output depends on every registered tensor.
+    (``fail=True``, ``report=[...]``) and is deterministic; its output depends on every registered tensor
+    outside catalogue leaves, and on the tensors a catalogue module's own forward reads.
 
     Options:
 
@@ -362,6 +409,11 @@ def module_trees(
     * ``training_chance``: percent of trees (default 20) built with one real ``backward()`` at the
       end (real grads; sparse ones for ``SparseEmbedding``; half of them with ``create_graph=True``).
       Trees with an uninitialized ``LazyLinear`` are never trained (forward would materialize it).
+    * ``catalogue``: allow leaves that wrap a real module from torch's ``module_db``
+      (:class:`~strategies.torch_modules.CatalogueLeaf`; as the root, or anywhere in a tree, where ties and
+      shares can reach them), each leaf one with ``catalogue_chance`` percent (default 7). Needs float32 in
+      ``dtypes``; ``lazy=False`` leaves out the lazy entries. Shrinks towards none, then to the first
+      family, entry and variant.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.
@@ -372,6 +424,7 @@ def module_trees(
         behaviours=behaviours, behaviour_chance=behaviour_chance,
         decoration_chance=decoration_chance, decoration_kinds=tuple(decoration_kinds),
         training_chance=training_chance,
+        catalogue=catalogue, catalogue_chance=catalogue_chance,
     )
     return strategy.map(_build_and_report)
 

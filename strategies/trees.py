@@ -76,12 +76,15 @@ class TensorSpec(_Spec):
 
 @dataclass(frozen=True, repr=False)
 class LeafSpec(_Spec):
-    """A leaf module. ``kind`` is ``'generic'`` or one of :data:`REAL_KINDS`.
+    """A leaf module. ``kind`` is ``'generic'``, ``'catalogue'`` or one of :data:`REAL_KINDS`.
 
     Generic leaves use ``tensors`` and ``behaviours`` (see :class:`~strategies.modules.GenericLeaf`).
     Real layers use ``dtype``, ``bias`` (False: bias registered as None; BatchNorm: ``affine=False``),
     and ``frozen``/``grad``/``tagged`` which apply to the ``weight`` only. ``LazyLinear`` uses ``initialized``
     (True: one forward at build time materializes it into a ``SwLinear``).
+    Catalogue leaves use ``entry`` (a ``module_db`` name such as ``'nn.LSTM'``), ``variant`` (the index of
+    its ``ModuleInput``; see :mod:`~strategies.torch_modules`) and ``frozen``/``grad``, which apply to every
+    initialized parameter.
     """
 
     kind: str = "generic"
@@ -93,6 +96,8 @@ class LeafSpec(_Spec):
     grad: bool = False
     tagged: bool = False
     initialized: bool = False
+    entry: str = ""
+    variant: int = 0
 
 
 @dataclass(frozen=True, repr=False)
@@ -138,6 +143,13 @@ SPEC_CLASSES = ("TreeSpec", "LeafSpec", "ContainerSpec", "TensorSpec", "TieSpec"
 
 
 # ---------------------------------------------------------------- spec helpers
+
+
+def _catalogue() -> Any:
+    """:mod:`~strategies.torch_modules`, imported on first use (so ``python -m`` can run it as a script)."""
+    from swapspec.strategies import torch_modules
+
+    return torch_modules
 
 
 class Slot(NamedTuple):
@@ -199,7 +211,10 @@ def real_slots(leaf: LeafSpec) -> list[tuple[str, bool, tuple[int, ...], str]]:
 
 
 def leaf_slots(path: str, leaf: LeafSpec) -> list[Slot]:
-    """All non-None tensor slots of one leaf."""
+    """All non-None tensor slots of one leaf (catalogue leaves: their initialized tensors under ``inner``)."""
+    if leaf.kind == "catalogue":
+        return [Slot(join(path, s.path), s.name, s.buffer, s.shape, s.dtype, False)
+                for s in _catalogue().slots(leaf.entry, leaf.variant)]
     if leaf.kind != "generic":
         return [Slot(path, n, b, s, d, False) for n, b, s, d in real_slots(leaf)]
     out = [Slot(path, t.name, t.buffer, t.shape, t.dtype, True) for t in leaf.tensors if not t.none]
@@ -303,8 +318,30 @@ _CONTAINERS: dict[str, type[nn.Module]] = {
 }
 
 
+def _build_catalogue(spec: LeafSpec, path: str, gen: torch.Generator, out: dict[str, nn.Module]) -> nn.Module:
+    """A :class:`~strategies.torch_modules.CatalogueLeaf` seeded from ``gen``; its submodules join ``out``.
+
+    ``frozen`` and ``grad`` apply to every initialized parameter (grads drawn from ``gen``, in
+    ``parameters()`` order).
+    """
+    seed = int(torch.randint(0, 2**31 - 1, (), generator=gen))
+    leaf = _catalogue().build_leaf(spec.entry, spec.variant, seed)
+    for p in leaf.parameters():
+        if isinstance(p, nn.parameter.UninitializedTensorMixin):
+            continue
+        p.requires_grad_(not spec.frozen)
+        if spec.grad:
+            p.grad = tensor_values(tuple(p.shape), _dtype_name(p.dtype), gen)
+    for sub, module in leaf.named_modules():
+        if sub:
+            out[join(path, sub)] = module
+    return leaf
+
+
 def _build_node(node: LeafSpec | ContainerSpec, path: str, gen: torch.Generator, out: dict[str, nn.Module]) -> nn.Module:
-    if isinstance(node, LeafSpec):
+    if isinstance(node, LeafSpec) and node.kind == "catalogue":
+        module = _build_catalogue(node, path, gen, out)
+    elif isinstance(node, LeafSpec):
         module = _build_generic(node, path, gen) if node.kind == "generic" else _build_real(node, path, gen)
     else:
         module = _CONTAINERS[node.kind]()
@@ -413,7 +450,7 @@ def spec_features(spec: TreeSpec) -> frozenset[str]:
         depths[path] = depth
         tags |= _container_tags(node) if isinstance(node, ContainerSpec) else _leaf_tags(node, spec.training)
     tags.add(f"depth={max(depths.values())}")
-    tags |= _tie_tags(spec.ties, depths, {(s.path, s.name): s.buffer for s in tree_slots(spec.root)})
+    tags |= _tie_tags(spec.ties, {(s.path, s.name): s.buffer for s in tree_slots(spec.root)})
     tags |= _share_tags(spec.shares, depths)
     tags |= {f"decoration: {d.kind}" for d in spec.decorations}
     if spec.trained:
@@ -421,6 +458,7 @@ def spec_features(spec: TreeSpec) -> frozenset[str]:
         if any(isinstance(n, LeafSpec) and n.kind == "SparseEmbedding" and not n.frozen
                for _, _, n in walk(spec.root)):
             tags.add("sparse-grad")
+    tags |= _catalogue_span_tags(spec)
     if not spec.training:
         tags.add("eval-mode")
     return frozenset(tags)
@@ -431,6 +469,8 @@ def _container_tags(node: ContainerSpec) -> set[str]:
 
 
 def _leaf_tags(leaf: LeafSpec, training: bool) -> set[str]:
+    if leaf.kind == "catalogue":
+        return _catalogue_tags(leaf)
     if leaf.kind == "LazyLinear":
         return {f"leaf: LazyLinear-{'initialized' if leaf.initialized else 'uninitialized'}"}
     tags = {f"leaf: {leaf.kind}"}
@@ -468,14 +508,33 @@ def _tensor_tags(t: TensorSpec) -> set[str]:
     return tags
 
 
-def _tie_tags(ties: tuple[TieSpec, ...], depths: dict[str, int], is_buffer: dict[tuple[str, str], bool]) -> set[str]:
+def _catalogue_tags(leaf: LeafSpec) -> set[str]:
+    tags = {"leaf: catalogue", f"catalogue: {_catalogue().family(leaf.entry)}"}
+    if any(not s.buffer for s in _catalogue().slots(leaf.entry, leaf.variant)):
+        tags |= {t for t, on in (("frozen-parameter", leaf.frozen), ("parameter-grad", leaf.grad)) if on}
+    for s in _catalogue().slots(leaf.entry, leaf.variant):
+        kind = "buffer" if s.buffer else "param"
+        tags.add(f"{kind}-dtype: {s.dtype}")
+        if len(s.shape) == 0:
+            tags.add(f"{kind}-0d")
+        if len(s.shape) == 4:
+            tags.add("tensor-4d")
+    return tags
+
+
+def _path_depth(path: str) -> int:
+    """Depth of a module path: the number of names in it (the root is 0)."""
+    return path.count(".") + 1 if path else 0
+
+
+def _tie_tags(ties: tuple[TieSpec, ...], is_buffer: dict[tuple[str, str], bool]) -> set[str]:
     tags: set[str] = set()
     for tie in ties:
         tags |= {"ties", "tied-buffers" if is_buffer[tie.slots[0]] else "tied-parameters"}
         paths = [p for p, _ in tie.slots]
         if len(tie.slots) >= 3:
             tags.add("tie-3plus-aliases")
-        if len({depths[p] for p in paths}) > 1:
+        if len({_path_depth(p) for p in paths}) > 1:
             tags.add("tie-across-depths")
         if len(set(paths)) < len(paths):
             tags.add("tie-within-module")
@@ -490,4 +549,24 @@ def _share_tags(shares: tuple[ShareSpec, ...], depths: dict[str, int]) -> set[st
             tags.add("shared-across-depths")
     if len({s.source for s in shares}) < len(shares):
         tags.add("shared-3plus-paths")
+    return tags
+
+
+def _catalogue_span_tags(spec: TreeSpec) -> set[str]:
+    """``catalogue-root``; ``tie-catalogue`` (a tie group holds slots of a catalogue leaf and slots outside
+    it); ``shared-catalogue`` (a shared module is or contains a catalogue leaf)."""
+    leaves = [p for p, _, n in walk(spec.root) if isinstance(n, LeafSpec) and n.kind == "catalogue"]
+    if not leaves:
+        return set()
+
+    def under(path: str, top: str) -> bool:
+        return path == top or not top or path.startswith(top + ".")
+
+    tags = {"catalogue-root"} if leaves == [""] else set()
+    for tie, c in ((t, c) for t in spec.ties for c in leaves):
+        inside = [under(p, c) for p, _ in tie.slots]
+        if any(inside) and not all(inside):
+            tags.add("tie-catalogue")
+    if any(under(c, share.source) for c in leaves for share in spec.shares):
+        tags.add("shared-catalogue")
     return tags
