@@ -111,7 +111,7 @@ def snapshot_for_apply(module: nn.Module, make_fn: Callable[[], Callable],
                 snap.expected[id(t)] = _frozen(fn(t))
     except Exception as e:
         snap.expected_error = e
-    if flags is not None and snap.expected_error is None:
+    if flags is not None:
         swapped = {name for name, t in names.items() if id(t) in snap.classes
                    and id(t) in snap.expected  # converted (recurse=False converts fewer)
                    and expected_path(t, snap.expected[id(t)], flags.overwrite, flags.swap) == "swap"}

@@ -140,10 +140,35 @@ def graph_grad_not_leaf(example: Example) -> bool:
     return False
 
 
+def rnn_weight_swapped_elsewhere_first(example: Example) -> bool:
+    """An RNN's flat weight is tied to a slot of a module that torch's post-order traversal
+    converts before the RNN, on the swap path: the RNN's weak references (dropped only by its
+    own ``_apply``) are still there, so ``swap_tensors`` refuses it."""
+    if not example.recurse:
+        return False
+    rnn_params = {id(p): m for m in _scope(example) if isinstance(m, nn.RNNBase)
+                  for p in m._parameters.values() if p is not None}
+    if not rnn_params:
+        return False
+    first_owner: dict[int, nn.Module] = {}
+
+    def walk(m: nn.Module) -> None:
+        for child in m.children():
+            walk(child)
+        for p in m._parameters.values():
+            if p is not None and id(p) in rnn_params:
+                first_owner.setdefault(id(p), m)
+
+    walk(example.module)
+    early = [p for m in _scope(example) for p in m._parameters.values()
+             if p is not None and id(p) in rnn_params and first_owner[id(p)] is not rnn_params[id(p)]]
+    return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, early))
+
+
 def torch_apply_raises(example: Example) -> bool:
     """torch's ``_apply`` raises on this example (then no other deviation shows)."""
     return (swap_refuses_subclass(example) or old_weight_norm_swapped(example)
-            or graph_grad_not_leaf(example))
+            or graph_grad_not_leaf(example) or rnn_weight_swapped_elsewhere_first(example))
 
 
 def loses_tensor_hooks(example: Example) -> bool:
@@ -564,6 +589,14 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "a backward() through it frees it. Repro: m = nn.Linear(2, 2); "
         "torch.nn.utils.weight_norm(m); torch.__future__.set_swap_module_params_on_conversion(True); "
         "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+    Deviation(
+        APPLY_IDS, rnn_weight_swapped_elsewhere_first, "raised",
+        "RNNBase._apply drops the RNN's weak references to its flat weights before converting; "
+        "a flat weight tied into a module that _apply reaches first is swapped while the weak "
+        "reference still exists, and swap_tensors refuses it (torch 2.13). Repro: "
+        "rnn = nn.RNN(2, 2); o = nn.Module(); o.p0 = rnn.weight_ih_l0; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "nn.Sequential(o, rnn).double()  # RuntimeError: _apply(): Couldn't swap Module.p0"),
     Deviation(
         APPLY_IDS, graph_grad_not_leaf, "raised",
         "After backward(create_graph=True) the grads carry a graph; where _apply replaces a grad "
