@@ -33,8 +33,9 @@ from swapspec.properties.examples import Example, alias_groups, named_tensors, s
 from swapspec.properties.repro import apply_repro
 from swapspec.strategies import conversions, flag_settings, module_trees, value_changing_conversions
 from swapspec.strategies.conversions import raising_conversion
+from swapspec.strategies.trees import WRAPPERS
 
-trees = module_trees()
+trees = module_trees(wrappers=WRAPPERS)  # functional_call refuses DataParallel; _apply does not
 plain_conversions = conversions(raising=False)
 
 

@@ -38,8 +38,9 @@ from swapspec.strategies import (
     tree_info,
 )
 from swapspec.strategies.conversions import CONVERSIONS
+from swapspec.strategies.trees import WRAPPERS
 
-trees = module_trees(lazy=False)
+trees = module_trees(lazy=False, wrappers=WRAPPERS)
 cpu_conversions = conversions(devices=(), raising=False)
 # Conversions after which backward() still runs on CPU: dense, real floating results.
 BACKWARD_SAFE = ("float()", "double()", "half()", "bfloat16()", "to(torch.float64)", "cpu()",
@@ -47,10 +48,38 @@ BACKWARD_SAFE = ("float()", "double()", "half()", "bfloat16()", "to(torch.float6
                  "to(memory_format=torch.channels_last)")
 backward_conversions = st.sampled_from([c for c in CONVERSIONS if c.name in BACKWARD_SAFE])
 OPTIMIZERS = ("SGD", "Adam")
+# Conversions the module went through before the one under test (a module's life converts it
+# more than once: to(device), then half() for inference...).
+earlier_conversions = st.lists(backward_conversions, max_size=2)
 
 
-def _setup(target, property_id, module, conversion, flags):
-    example = Example(module, conversion=conversion, flags=flags)
+def _apply_earlier(target, module, flags, earlier) -> None:
+    """Run the earlier conversions on the target; an example where one fails is not this
+    property's (the one-shot properties judge each conversion)."""
+    for conversion in earlier:
+        done = attempt(lambda c=conversion: target.apply(module, c.make_fn(), overwrite=flags.overwrite,
+                                                         swap=flags.swap))
+        assume(done.error is None)
+
+
+def _earlier_lines(target, flags, earlier) -> list[str]:
+    """Repro lines that run the earlier conversions the way the example did."""
+    lines = []
+    for i, conversion in enumerate(earlier):
+        lines += conversion.source(f"fn{i}").splitlines()
+        if target.name.startswith("torch"):
+            lines += [f"torch.__future__.set_overwrite_module_params_on_conversion({flags.overwrite})",
+                      f"torch.__future__.set_swap_module_params_on_conversion({flags.swap})",
+                      f"module._apply(fn{i})"]
+        else:
+            lines += ["from swapspec.properties.targets import load_target",
+                      f"load_target({target.selector!r}).apply(module, fn{i}, "
+                      f"overwrite={flags.overwrite}, swap={flags.swap})"]
+    return lines
+
+
+def _setup(target, property_id, module, conversion, flags, earlier=()):
+    example = Example(module, conversion=conversion, flags=flags, earlier=tuple(earlier))
     snap = snapshot_for_apply(module, conversion.make_fn, flags=flags)
     assume(snap.expected_error is None)
     assume(not snap.swap_refused)  # a refused swap is APPLY-REFUSED-SWAP's business
@@ -63,17 +92,20 @@ def _verdict(check: Checker, example: Example, target, *, setup: list[str] = (),
 
 
 @spec_property("APPLY-FORWARD")
-@given(module=trees, conversion=cpu_conversions, flags=flag_settings(), inputs=forward_inputs())
-def test_apply_module_still_works(target, module, conversion, flags, inputs):
+@given(module=trees, earlier=earlier_conversions, conversion=cpu_conversions, flags=flag_settings(),
+       inputs=forward_inputs())
+def test_apply_module_still_works(target, module, earlier, conversion, flags, inputs):
     """After a conversion, forward equals the forward of a fresh build holding the converted tensors.
 
+    The module may have been converted up to twice before (with the same flags).
     The fresh build gets a clone of every converted tensor (one clone per object, so ties stay
     ties) through ``setattr``, so nothing the conversion left stale inside the module (an RNN's
     ``_flat_weights``, a cached reparametrized weight) can hide. Both raising the same error
     type counts as equal. Origin: pytorch #17072 follow-ups: ``RNNBase._apply`` must rebuild
     ``_flat_weights`` or a converted LSTM runs on the old weights.
     """
-    example, check, _ = _setup(target, "APPLY-FORWARD", module, conversion, flags)
+    _apply_earlier(target, module, flags, earlier)
+    example, check, _ = _setup(target, "APPLY-FORWARD", module, conversion, flags, earlier)
     outcome = run_apply(target, example, conversion.make_fn())
     if no_error(check, outcome, "apply"):
         fresh = fresh_copy_holding(module)
@@ -84,7 +116,8 @@ def test_apply_module_still_works(target, module, conversion, flags, inputs):
                    f"forward after the conversion {_shown(converted_out)}, but a fresh build "
                    f"holding the converted tensors {_shown(fresh_out)}",
                    code="torch.equal(module(x), fresh(x))")
-    _verdict(check, example, target, extra=_fresh_lines(module, inputs[0]))
+    _verdict(check, example, target, setup=_earlier_lines(target, flags, earlier),
+             extra=_fresh_lines(module, inputs[0]))
 
 
 def _shown(outcome: Outcome) -> str:
@@ -109,11 +142,12 @@ def _fresh_lines(module: torch.nn.Module, x: torch.Tensor) -> list[str]:
 
 
 @spec_property("APPLY-TENSOR-HOOKS")
-@given(module=trees, conversion=backward_conversions, flags=flag_settings(),
-       inputs=forward_inputs())
-def test_apply_keeps_tensor_hooks(target, module, conversion, flags, inputs):
+@given(module=trees, earlier=earlier_conversions, conversion=backward_conversions,
+       flags=flag_settings(), inputs=forward_inputs())
+def test_apply_keeps_tensor_hooks(target, module, earlier, conversion, flags, inputs):
     """A hook registered on a parameter before a conversion still fires after it, on every path;
-    so does one registered after the conversion.
+    so does one registered after the conversion. The hooks registered first also survive up to
+    two earlier conversions.
 
     Both ``register_hook`` and ``register_post_accumulate_grad_hook`` are checked: after one
     ``backward()``, each hook fires once for every parameter that received a grad.
@@ -123,11 +157,12 @@ def test_apply_keeps_tensor_hooks(target, module, conversion, flags, inputs):
     params = [p for p in distinct(list(module.parameters()))
               if p.requires_grad and not is_uninitialized(p)]
     assume(params)
-    example, check, snap = _setup(target, "APPLY-TENSOR-HOOKS", module, conversion, flags)
     fired: Counter[str] = Counter()
-    names_of = {id(p): [n for n, t in snap.names.items() if t is p] for p in params}
+    names_of = {id(p): [n for n, t in named_tensors(module).items() if t is p] for p in params}
     for p in params:
         _count_hooks(p, fired, f"before:{names_of[id(p)][0]}")
+    _apply_earlier(target, module, flags, earlier)
+    example, check, _ = _setup(target, "APPLY-TENSOR-HOOKS", module, conversion, flags, earlier)
     outcome = run_apply(target, example, conversion.make_fn())
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
@@ -149,7 +184,8 @@ def test_apply_keeps_tensor_hooks(target, module, conversion, flags, inputs):
                                    f"{'a' if got_grad else 'no'} grad",
                                    code=f"fired[{key!r}] == {int(got_grad)}")
     names = [names_of[id(p)][0] for p in params]
-    _verdict(check, example, target, setup=_hook_lines(names, "before"),
+    _verdict(check, example, target,
+             setup=[*_hook_lines(names, "before"), *_earlier_lines(target, flags, earlier)],
              extra=[*_hook_lines(names, "after"), *_backward_lines(inputs[0])])
 
 

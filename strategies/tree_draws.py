@@ -23,6 +23,7 @@ from swapspec.strategies.decorations import DecorationSpec, decoratable
 from swapspec.strategies.trees import (
     CONTAINER_KINDS,
     TRAININGS,
+    WRAPPERS,
     ContainerSpec,
     LeafSpec,
     ShareSpec,
@@ -344,6 +345,8 @@ def tree_specs(
     training_chance: int = 20,
     catalogue: bool = True,
     catalogue_chance: int = 7,
+    wrappers: Sequence[str] = ("compiled",),
+    wrapper_chance: int = 8,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
@@ -359,9 +362,14 @@ def tree_specs(
     decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds)
     training = not _chance(draw, 25)
     trained = _trained(draw, root, training_chance)
+    unknown = sorted(set(wrappers) - set(WRAPPERS))
+    if unknown:
+        raise ValueError(f"wrappers must come from {WRAPPERS}; unknown: {unknown}")
+    allowed = [w for w in WRAPPERS if w in wrappers]
+    wrapper = draw(st.sampled_from(allowed)) if allowed and _chance(draw, wrapper_chance) else ""
     seed = draw(st.integers(0, 2**32 - 1))
     return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training,
-                    decorations=decorations, trained=trained)
+                    decorations=decorations, trained=trained, wrapper=wrapper)
 
 
 def module_trees(
@@ -381,6 +389,8 @@ def module_trees(
     training_chance: int = 20,
     catalogue: bool = True,
     catalogue_chance: int = 7,
+    wrappers: Sequence[str] = ("compiled",),
+    wrapper_chance: int = 8,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -414,6 +424,10 @@ def module_trees(
       shares can reach them), each leaf one with ``catalogue_chance`` percent (default 7). Needs float32 in
       ``dtypes``; ``lazy=False`` leaves out the lazy entries. Shrinks towards none, then to the first
       family, entry and variant.
+    * ``wrappers``: the wrappers a tree may come in (``'compiled'``: ``torch.compile``'s
+      ``OptimizedModule``, forward kept eager; ``'data-parallel'``: ``nn.DataParallel`` on CPU,
+      which ``functional_call`` refuses, so it is not in the default), each tree wrapped with
+      ``wrapper_chance`` percent (default 8). Shrinks towards no wrapper.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.
@@ -425,6 +439,7 @@ def module_trees(
         decoration_chance=decoration_chance, decoration_kinds=tuple(decoration_kinds),
         training_chance=training_chance,
         catalogue=catalogue, catalogue_chance=catalogue_chance,
+        wrappers=tuple(wrappers), wrapper_chance=wrapper_chance,
     )
     return strategy.map(_build_and_report)
 

@@ -29,6 +29,7 @@ CONTAINER_KINDS = ("Sequential", "ModuleList", "ModuleDict", "Block")
 REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding",
               "LazyLinear")
 TRAININGS = ("backward", "backward-create-graph")
+WRAPPERS = ("compiled", "data-parallel")
 BLOCK_NAMES = ("first", "second", "third")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -136,6 +137,7 @@ class TreeSpec(_Spec):
     training: bool = True
     decorations: tuple[DecorationSpec, ...] = ()
     trained: str = ""  # "", or one of TRAININGS: one forward and backward() at the end of the build
+    wrapper: str = ""  # "", or one of WRAPPERS: the built tree is returned inside it
 
 
 SPEC_CLASSES = ("TreeSpec", "LeafSpec", "ContainerSpec", "TensorSpec", "TieSpec", "ShareSpec",
@@ -359,7 +361,7 @@ def _slot_dict(module: nn.Module, name: str) -> dict[str, Any]:
 def build_tree(spec: TreeSpec) -> nn.Module:
     """Build the module tree described by ``spec`` and register its :class:`TreeInfo`.
 
-    Order: nominal tree (values from ``torch.Generator().manual_seed(spec.seed)`` in build order), then each
+    Order (the result is the root, or the wrapper around it): nominal tree (values from ``torch.Generator().manual_seed(spec.seed)`` in build order), then each
     tie puts the source slot's object into the other slots (the slots' own registration, e.g. persistence, is
     kept), then each share adds an existing module under a second parent, then the decorations, then
     ``train(spec.training)``.
@@ -378,7 +380,21 @@ def build_tree(spec: TreeSpec) -> nn.Module:
     root.train(spec.training)
     if spec.trained:
         _train_once(root, gen, create_graph=spec.trained == "backward-create-graph")
+    root = _wrap(root, spec.wrapper)
     _REGISTRY[root] = TreeInfo(spec=spec, features=spec_features(spec), **_counts(root))
+    return root
+
+
+def _wrap(root: nn.Module, wrapper: str) -> nn.Module:
+    """``compiled``: ``torch.compile``'s ``OptimizedModule`` around the tree, its dynamo context
+    disabled so forward stays eager and cheap (names gain ``_orig_mod.``); ``data-parallel``:
+    ``nn.DataParallel`` on CPU (names gain ``module.``; ``functional_call`` refuses it)."""
+    if wrapper == "compiled":
+        from torch._dynamo.eval_frame import DisableContext, OptimizedModule
+
+        return OptimizedModule(root, DisableContext())
+    if wrapper == "data-parallel":
+        return nn.DataParallel(root)
     return root
 
 
@@ -453,6 +469,8 @@ def spec_features(spec: TreeSpec) -> frozenset[str]:
     tags |= _tie_tags(spec.ties, {(s.path, s.name): s.buffer for s in tree_slots(spec.root)})
     tags |= _share_tags(spec.shares, depths)
     tags |= {f"decoration: {d.kind}" for d in spec.decorations}
+    if spec.wrapper:
+        tags.add(f"wrapper: {spec.wrapper}")
     if spec.trained:
         tags.add(f"trained: {spec.trained}")
         if any(isinstance(n, LeafSpec) and n.kind == "SparseEmbedding" and not n.frozen
