@@ -58,6 +58,9 @@ from swapspec.strategies.decorations import PARAMETRIZATIONS
 trees = module_trees()
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
 updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50)
+# FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
+# whose uninitialized parameters cannot be given), so few examples are filtered.
+tied_trees = module_trees(tie_chance=100, lazy=False)
 
 
 def _draw(data, property_id: str, target, *, clonable=False, module_strategy=trees, **options):
@@ -255,7 +258,8 @@ def test_fc_tie_rules(target, data):
     a shared submodule, which always share it (and conflict if given different objects).
     Origin: pytorch #86708 (ties ignored), PR #92536 (``tie_weights``).
     """
-    module, call, example, check = _draw(data, "FC-TIES", target, clonable=True)
+    module, call, example, check = _draw(data, "FC-TIES", target, clonable=True,
+                                         module_strategy=tied_trees)
     groups = tie_groups(module)
     assume(groups)
     filled = _expected(module, call)

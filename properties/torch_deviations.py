@@ -547,6 +547,8 @@ APPLY_IDS = ("APPLY-PATH", "APPLY-NO-SET-DATA-ACROSS-IMPL", "APPLY-VALUES",
              "APPLY-PARAMETER-IDENTITY", "APPLY-GRADS", "APPLY-NONE-SLOTS", "APPLY-TIES",
              "APPLY-FN-ONCE", "APPLY-RECURSE-FALSE", "APPLY-ROUND-TRIP", "APPLY-FORWARD",
              "APPLY-TENSOR-HOOKS", "APPLY-OPTIMIZER")
+# The XLA leg's conversions run the same _apply: its raising behaviours show there too.
+XLA_APPLY_IDS = ("XLA-DTYPE-PATH", "XLA-MOVE-ALL-FLAGS", "XLA-ROUND-TRIP", "XLA-STATE")
 
 SHARED_SLOT = (
     "functional_call swaps a shared submodule's slot once per name and restores in the same "
@@ -583,7 +585,7 @@ PARAMETRIZED_NAME = (
 
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
-        APPLY_IDS, old_weight_norm_swapped, "raised", always=False, reason=
+        APPLY_IDS + XLA_APPLY_IDS, old_weight_norm_swapped, "raised", always=False, reason=
         "The old hook-based torch.nn.utils.weight_norm (and spectral_norm) keep `weight` as an "
         "attribute computed from weight_g and weight_v (weight_orig), whose autograd graph can "
         "hold them; on the swap path swap_tensors then refuses them and _apply raises "
@@ -600,7 +602,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True); "
         "nn.Sequential(o, rnn).double()  # RuntimeError: _apply(): Couldn't swap Module.p0"),
     Deviation(
-        APPLY_IDS, graph_grad_not_leaf, "raised",
+        APPLY_IDS + XLA_APPLY_IDS, graph_grad_not_leaf, "raised",
         "After backward(create_graph=True) the grads carry a graph; where _apply replaces a grad "
         "(overwrite flag, or a TensorImpl change such as to('meta')) it asserts "
         "`param_grad.is_leaf` and raises halfway. Repro: m = nn.Linear(2, 2); "

@@ -13,12 +13,15 @@ in. Buffers are rebound by ``self._buffers[k] = fn(buf)`` under every flag.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from swapspec.properties.deviations import Deviation
+from swapspec.properties.torch_deviations import torch_apply_raises
 
 TORCH_XLA = ("2.9", "2.10")  # the torch releases the XLA leg was observed on
 
@@ -141,3 +144,18 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
         torch_versions=TORCH_XLA,
     ),
 )
+
+
+def _unless_torch_raises(applies: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """Where torch's ``_apply`` raises first (``torch_deviations.torch_apply_raises``), no other
+    behaviour of the move can show."""
+
+    def region(example: Any) -> bool:
+        return not torch_apply_raises(example) and applies(example)
+
+    region.__name__ = getattr(applies, "__name__", "region")
+    return region
+
+
+XLA_DEVIATIONS = tuple(dataclasses.replace(d, applies=_unless_torch_raises(d.applies))
+                       for d in XLA_DEVIATIONS)

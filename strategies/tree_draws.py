@@ -202,10 +202,10 @@ def _compatible(src: Slot, dst: Slot) -> bool:
     return dst.buffer == src.buffer and (dst.flexible or (dst.shape, dst.dtype) == (src.shape, src.dtype))
 
 
-def _ties(draw: Draw, root: LeafSpec | ContainerSpec) -> tuple[TieSpec, ...]:
+def _ties(draw: Draw, root: LeafSpec | ContainerSpec, chance: int = 55) -> tuple[TieSpec, ...]:
     """Up to two tie groups, each a source slot plus 1-3 compatible slots anywhere in the tree."""
     slots = tree_slots(root)
-    if len(slots) < 2 or not _chance(draw, 55):
+    if len(slots) < 2 or not _chance(draw, chance):
         return ()
     used: set[tuple[str, str]] = set()
     groups = []
@@ -347,12 +347,13 @@ def tree_specs(
     catalogue_chance: int = 7,
     wrappers: Sequence[str] = ("compiled",),
     wrapper_chance: int = 8,
+    tie_chance: int = 55,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
                  tuple(behaviours), behaviour_chance, catalogue, catalogue_chance)
     root = _node(draw, o, 0, [o.max_leaves])
-    tie_specs = _ties(draw, root) if o.ties else ()
+    tie_specs = _ties(draw, root, tie_chance) if o.ties else ()
     share_specs = _shares(draw, root) if o.sharing else ()
     unknown = sorted(set(decoration_kinds) - set(DECORATION_KINDS))
     if unknown or not decoration_kinds:
@@ -391,6 +392,7 @@ def module_trees(
     catalogue_chance: int = 7,
     wrappers: Sequence[str] = ("compiled",),
     wrapper_chance: int = 8,
+    tie_chance: int = 55,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -402,7 +404,8 @@ def module_trees(
 
     * ``max_depth``: deepest leaf (0: the root is a leaf). ``max_leaves``: leaves in the drawn tree (>= 1).
     * ``sharing``: allow the same submodule object under a second path (``ShareSpec``).
-    * ``ties``: allow tie groups (one tensor object in 2-4 slots, parameters or buffers).
+    * ``ties``: allow tie groups (one tensor object in 2-4 slots, parameters or buffers), drawn in
+      ``tie_chance`` percent of the trees that have two compatible slots (default 55).
     * ``real_layers``: allow Linear/Conv1d/Conv2d/BatchNorm1d/LayerNorm/Embedding leaves; ``lazy``: LazyLinear
       (uninitialized or initialized at build time; float32 only).
     * ``grads``: allow parameters that carry a ``.grad``.
@@ -439,7 +442,7 @@ def module_trees(
         decoration_chance=decoration_chance, decoration_kinds=tuple(decoration_kinds),
         training_chance=training_chance,
         catalogue=catalogue, catalogue_chance=catalogue_chance,
-        wrappers=tuple(wrappers), wrapper_chance=wrapper_chance,
+        wrappers=tuple(wrappers), wrapper_chance=wrapper_chance, tie_chance=tie_chance,
     )
     return strategy.map(_build_and_report)
 
