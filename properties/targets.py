@@ -63,6 +63,10 @@ class Target:
         """The selector only: falsifying examples print this, not the declarations."""
         return f"Target({self.selector!r})"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis prints dataclasses field by field unless told otherwise."""
+        printer.text(repr(self))
+
 
 def torch_apply(
     module: nn.Module, fn: Callable, *, overwrite: bool, swap: bool, recurse: bool = True

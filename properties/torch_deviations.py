@@ -156,10 +156,16 @@ def rnn_weight_swapped_elsewhere(example: Example) -> bool:
     return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, elsewhere))
 
 
+def torch_apply_raises_on_state(example: Example) -> bool:
+    """torch's ``_apply`` raises because of what the module holds (old-style weight norm graphs,
+    graph-carrying grads, tied RNN weights), whatever the parameter classes."""
+    return (old_weight_norm_swapped(example) or graph_grad_not_leaf(example)
+            or rnn_weight_swapped_elsewhere(example))
+
+
 def torch_apply_raises(example: Example) -> bool:
     """torch's ``_apply`` raises on this example (then no other deviation shows)."""
-    return (swap_refuses_subclass(example) or old_weight_norm_swapped(example)
-            or graph_grad_not_leaf(example) or rnn_weight_swapped_elsewhere(example))
+    return swap_refuses_subclass(example) or torch_apply_raises_on_state(example)
 
 
 def loses_tensor_hooks(example: Example) -> bool:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from swapspec.properties.deviations import Deviation
-from swapspec.properties.torch_deviations import torch_apply_raises
+from swapspec.properties.torch_deviations import torch_apply_raises_on_state
 
 TORCH_XLA = ("2.9", "2.10")  # the torch releases the XLA leg was observed on
 
@@ -147,13 +147,14 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
 
 
 def _unless_torch_raises(applies: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    """Where torch's ``_apply`` raises first (``torch_deviations.torch_apply_raises``), no other
-    behaviour of the move can show."""
+    """Where torch's ``_apply`` raises first because of the module's state
+    (``torch_deviations.torch_apply_raises_on_state``), no other behaviour of the move shows."""
 
     def region(example: Any) -> bool:
-        return not torch_apply_raises(example) and applies(example)
+        return not torch_apply_raises_on_state(example) and applies(example)
 
-    region.__name__ = getattr(applies, "__name__", "region")
+    name = getattr(applies, "__name__", "")
+    region.__name__ = region.__qualname__ = f"unless_torch_raises_{name.strip('<>')}"
     return region
 
 
