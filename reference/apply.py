@@ -84,10 +84,10 @@ def apply(
        any ``fn`` call, parents before children and the outer class first; every ``after``
        runs after the commit, children before parents and the inner class first. If a
        ``before`` or the conversion fails, the ``after`` of every step whose ``before`` ran
-       still runs, so state derived from the tensors (an RNN's ``_flat_weights``) is rebuilt
-       from the restored ones, and that error propagates unchanged (an ``after`` error then
-       becomes a note on it). After a successful commit every ``after`` runs and the first
-       error among them propagates; the conversion stays.
+       still runs (its ``undo`` instead, where it has one), so state derived from the tensors
+       (an RNN's ``_flat_weights``) is rebuilt from the restored ones, and that error propagates
+       unchanged (an ``after`` error then becomes a note on it). After a successful commit every
+       ``after`` runs and the first error among them propagates; the conversion stays.
     11. Tensor hooks (``_carry_tensor_hooks``): a parameter's ``register_hook`` and
        ``register_post_accumulate_grad_hook`` hooks fire after the conversion on every path:
        the overwrite path registers them on the new parameter, the swap path re-registers them
@@ -173,12 +173,14 @@ def _after_order(ran: list[_Step], children_first: list[nn.Module]) -> list[_Ste
 
 
 def _run_afters(steps: list[_Step], failure: BaseException | None) -> None:
-    """Rule 10: every ``after`` runs. Their first error propagates when nothing failed before;
-    after a failure, that failure propagates and their errors are only noted on it."""
+    """Rule 10: every ``after`` (after a failure: its ``undo``, where given) runs. Their first
+    error propagates when nothing failed before; after a failure, that failure propagates and
+    their errors are only noted on it."""
     first: Exception | None = None
     for step in steps:
+        undo = step.override.undo if failure is not None else None
         try:
-            step.override.after(step.module)
+            (undo or step.override.after)(step.module)
         except Exception as error:
             if failure is not None:
                 failure.add_note(f"then the after step on {step.module._get_name()} raised {error!r}")

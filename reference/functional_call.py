@@ -248,6 +248,8 @@ def _check_value(owner: nn.Module, key: str, value: Any) -> None:
         raise TypeError(f"{value} is not an instance of torch.Tensor")
     if key == "":
         raise KeyError('tensor name can\'t be empty string ""')
+    if torch.nn.utils.parametrize.is_parametrized(owner, key):
+        return  # a tensor; reading it would run the parametrization (spectral_norm's power iteration)
     current = getattr(owner, key, None)  # a registered slot holds a tensor or None
     if current is not None and not isinstance(current, Tensor):
         raise TypeError(f"attribute `{key}`: {current} is not an instance of torch.Tensor")

@@ -22,7 +22,11 @@ Rules:
    drops the computed attribute, ``after`` computes it again from the converted tensors, the
    way the hook would, without a power iteration. Where that computation fails on the
    converted tensors (sparse ones), the attribute stays absent, for the hook to compute at the
-   next forward (which then raises, as torch's stale attribute would).
+   next forward (which then raises, as torch's stale attribute would). When the conversion
+   fails, ``undo`` runs instead of ``after``: it puts back a dropped attribute that carries no
+   autograd graph (a spectral norm's attribute before its first forward is the raw weight, not
+   what the hook computes), and computes one that carries a graph again from the restored
+   tensors (keeping it would keep the graph, and the swap refused).
 4. ``register_apply_override`` describes a class that defines ``_apply`` itself and is not yet
    described (built in, refused or registered); ``unregister_apply_override`` removes a
    registration again. Built-in descriptions cannot be replaced or removed.
@@ -34,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.cpp import ModuleWrapper
 from torch.nn.utils.prune import BasePruningMethod
 from torch.nn.utils.spectral_norm import SpectralNorm
@@ -50,10 +54,13 @@ class ApplyOverride:
     """What one class's ``_apply`` does around its ``super()._apply(fn, recurse)`` call.
 
     Neither step may change the tensors in the module's slots; both get the module itself.
+    ``undo``, where given, runs instead of ``after`` when the conversion failed: it puts back
+    what ``before`` changed.
     """
 
     before: Callable[[nn.Module], None]
     after: Callable[[nn.Module], None]
+    undo: Callable[[nn.Module], None] | None = None
 
 
 def _drop_flat_weight_refs(rnn: nn.RNNBase) -> None:
@@ -159,20 +166,28 @@ def _recomputed(hook: object) -> Callable[[nn.Module], object]:
 def _derived_attribute(hook: WeightNorm | SpectralNorm | BasePruningMethod) -> ApplyOverride:
     """Rule 5 for one hook."""
     compute = _recomputed(hook)
+    name = hook._tensor_name if isinstance(hook, BasePruningMethod) else hook.name
+    kept: dict[int, Tensor] = {}  # a dropped attribute without a graph: it cannot block a swap
 
     def before(module: nn.Module) -> None:
-        module.__dict__.pop(hook._tensor_name if isinstance(hook, BasePruningMethod) else hook.name,
-                            None)
+        value = module.__dict__.pop(name, None)
+        if value is not None and value.grad_fn is None:
+            kept[id(module)] = value
 
     def after(module: nn.Module) -> None:
-        name = hook._tensor_name if isinstance(hook, BasePruningMethod) else hook.name
         try:
             value = compute(module)
         except RuntimeError:
             return  # left absent: the forward pre-hook computes it (and raises) when needed
         setattr(module, name, value)
 
-    return ApplyOverride(before=before, after=after)
+    def undo(module: nn.Module) -> None:
+        if id(module) in kept:
+            setattr(module, name, kept.pop(id(module)))
+        else:
+            after(module)  # from the restored tensors: the value it had
+
+    return ApplyOverride(before=before, after=after, undo=undo)
 
 
 OLD_STYLE_HOOKS = (WeightNorm, SpectralNorm, BasePruningMethod)
