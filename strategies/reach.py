@@ -53,8 +53,10 @@ def tree_reach(n: int, **options: Any) -> list[frozenset[str]]:
     return sample(module_trees(**options), n, lambda m: tree_info(m).features)
 
 
-# The decorations and training state, each drawn in every tree, so every kind shows in a sample.
-LIFE_OPTIONS = {"decoration_chance": 100, "training_chance": 100}
+# The decorations, training state and wrappers, drawn in every (wrappers: every other) tree, so
+# every kind shows in a sample.
+LIFE_OPTIONS = {"decoration_chance": 100, "training_chance": 100,
+                "wrappers": ("compiled", "data-parallel"), "wrapper_chance": 50}
 
 
 def catalogue_reach(n: int) -> list[frozenset[str]]:
@@ -78,7 +80,7 @@ def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
     return sample(pairs, n, lambda c: c.features)
 
 
-LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding")
+LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding", "wrapper: ")
 
 
 def table(title: str, freqs: dict[str, float]) -> str:

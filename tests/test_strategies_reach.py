@@ -41,14 +41,16 @@ TREE_FLOORS = {
             "none-parameter", "none-buffer", "non-persistent-buffer", "frozen-parameter", "parameter-grad",
             "tied-parameters", "tied-buffers", "tie-across-depths", "tie-within-module",
             "shared-3plus-paths", "shared-across-depths",
-            "forward-inplace-buffer", "forward-rebind-buffer", "forward-reports", "eval-mode",
+            "forward-inplace-buffer", "forward-rebind-buffer", "eval-mode",
             "leaf: catalogue",
         ],
         0.05,
     ),
-    # Rarer since sparse embeddings, decorations and training joined the draws (measured 2.8-4.8%).
-    **dict.fromkeys(["leaf: LazyLinear-initialized", "leaf: LazyLinear-uninitialized",
-                     "tie-3plus-aliases", "forward-raises"], 0.02),
+    # Rarer since sparse embeddings, catalogue leaves, decorations, training and wrappers joined
+    # the draws (measured 1.2-4.8% on this sample).
+    **dict.fromkeys(["leaf: LazyLinear-uninitialized", "tie-3plus-aliases", "forward-raises",
+                     "forward-reports"], 0.02),
+    "leaf: LazyLinear-initialized": 0.01,
 }
 
 # Decorations and training state, on trees that always get them (measured minimum 3.6%, orthogonal apart).
@@ -57,9 +59,12 @@ LIFE_FLOORS = {
     "decoration: orthogonal": 0.01,  # matrices only (measured 1.2%)
     **{f"trained: {t}": 0.25 for t in TRAININGS},
     "sparse-grad": 0.025,
+    "wrapper: compiled": 0.10,
+    "wrapper: data-parallel": 0.10,
 }
 # On default trees (decorations in 30%, training in 20% of them).
-DEFAULT_LIFE_FLOORS = {"trained: backward": 0.05, "trained: backward-create-graph": 0.03}
+DEFAULT_LIFE_FLOORS = {"trained: backward": 0.05, "trained: backward-create-graph": 0.03,
+                       "wrapper: compiled": 0.02}
 # On catalogue_reach's sample (catalogue_chance=CATALOGUE_REACH_CHANCE); measured minima on 500 trees:
 # families 2.8%, catalogue-root 7.6%, tie-catalogue 9.0%, shared-catalogue 11.6%.
 CATALOGUE_FLOORS = {
