@@ -249,8 +249,8 @@ def test_catalogue_leaf_flags_apply_to_every_parameter() -> None:
 
 
 def test_module_trees_draw_catalogue_roots() -> None:
-    found = find(module_trees(catalogue_chance=60), lambda m: "catalogue-root" in tree_info(m).features,
-                 settings=FIND)
+    found = find(module_trees(catalogue_chance=60, wrapper_chance=0),  # the root itself, unwrapped
+                 lambda m: "catalogue-root" in tree_info(m).features, settings=FIND)
     assert isinstance(found, TM.CatalogueLeaf) and tree_info(found).spec.root.kind == "catalogue"
 
 
