@@ -171,6 +171,8 @@ def test_apply_keeps_tensor_hooks(target, module, earlier, conversion, flags, in
             now.grad = None
             _count_hooks(now, fired, f"after:{names_of[id(p)][0]}")
         ran = _backward(module, inputs[0])
+        # A CPU kernel missing for the converted dtype ("orgqr_cpu" for Half) is not about hooks.
+        assume(not isinstance(ran.error, NotImplementedError))
         if no_error(check, ran, "forward and backward after the conversion"):
             for p in params:
                 name = names_of[id(p)][0]
