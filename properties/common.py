@@ -14,7 +14,15 @@ from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.deviations import Checker
-from swapspec.properties.examples import Example, clone_value, named_tensors, same_values, slots
+from swapspec.properties.examples import (
+    Example,
+    clone_value,
+    holds_values,
+    is_fake,
+    named_tensors,
+    same_values,
+    slots,
+)
 from swapspec.properties.oracle import owner_of
 from swapspec.strategies import tree_info
 
@@ -123,12 +131,13 @@ def refused_by_swap(module: nn.Module) -> set[str]:
     """Names of the parameters ``swap_tensors`` refuses, probed on a fresh build of the tree.
 
     Only trees trained with ``backward(create_graph=True)`` have any: their grads' autograd
-    graphs can hold parameters (a use count ``swap_tensors`` refuses). Each parameter of the
+    graphs can hold parameters (a use count ``swap_tensors`` refuses); and trees built under
+    ``FakeTensorMode``, whose mode holds a weak reference to every fake parameter. Each parameter of the
     copy is swapped with a same-valued one and straight back, its grad cleared meanwhile, as a
     conversion does. (Probing the module itself would poison its AccumulateGrad nodes.)
     """
     info = tree_info(module)
-    if info.spec.trained != "backward-create-graph":
+    if info.spec.trained != "backward-create-graph" and info.spec.world != "fake":
         return set()
     copy = info.build()
     params = distinct([p for p in copy.parameters() if not is_uninitialized(p)])
@@ -170,7 +179,7 @@ def _frozen(result: Any) -> Any:
     """A value copy of ``fn``'s result, so later in-place changes do not move it."""
     if not isinstance(result, Tensor) or is_uninitialized(result):
         return result
-    if result.device.type == "meta" or is_traceable_wrapper_subclass(result):
+    if not holds_values(result) or is_traceable_wrapper_subclass(result):
         return result
     return result.detach().clone()
 
@@ -179,7 +188,7 @@ def expected_path(param: Tensor, applied: Tensor, overwrite: bool, swap: bool) -
     """The spec's choice of path for one parameter."""
     if swap or is_traceable_wrapper_subclass(applied):
         return "swap"
-    if torch._has_compatible_shallow_copy_type(param, applied) and not overwrite:
+    if torch._has_compatible_shallow_copy_type(param, applied) and not overwrite and not is_fake(applied):
         return "set_data"
     return "overwrite"
 
@@ -242,7 +251,7 @@ def module_state(module: nn.Module) -> ModuleState:
     }
     table = slots(module)
     values = {id(t): t.detach().clone() for t in table.values()
-              if isinstance(t, Tensor) and not is_uninitialized(t) and t.device.type != "meta"}
+              if isinstance(t, Tensor) and holds_values(t)}
     return ModuleState(table, layout, values)
 
 
@@ -386,3 +395,8 @@ def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any) -> Outcom
     """What forward does on a loaded copy: the spec's model of the call's result."""
     copy, kwargs = loaded_copy(module, filled, call)
     return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
+
+
+# Percent of the conversion properties' trees built in a tensor world (meta, fake, TwoTensor
+# parameters; see strategies.trees.move_to_world).
+WORLD_CHANCE = 10

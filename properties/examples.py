@@ -177,12 +177,26 @@ def snapshot_values(module: nn.Module) -> dict[str, Tensor]:
     return {name: t.detach().clone() for name, t in named_tensors(module).items()}
 
 
+def holds_values(t: Tensor) -> bool:
+    """Whether ``t`` has values to compare: not uninitialized, not on ``meta``, not a ``FakeTensor``."""
+    return not (isinstance(t, nn.parameter.UninitializedTensorMixin) or t.device.type == "meta"
+                or is_fake(t))
+
+
+def is_fake(t: Tensor) -> bool:
+    """Whether ``t`` is a ``FakeTensor`` (it reports a real device but holds no storage)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
 def same_values(a: Tensor, b: Tensor) -> bool:
-    """Equal dtype, shape, device and values (NaNs equal); meta tensors compare by metadata."""
+    """Equal dtype, shape, device and values (NaNs equal); meta and fake tensors compare by
+    metadata (and a fake tensor equals only a fake one)."""
     if (a.dtype, a.shape, a.device, a.layout) != (b.dtype, b.shape, b.device, b.layout):
         return False
-    if a.device.type == "meta":
-        return True
+    if not holds_values(a) or not holds_values(b):
+        return is_fake(a) == is_fake(b)
     a, b = a.detach(), b.detach()
     if a.layout != torch.strided:
         a, b = a.to_dense(), b.to_dense()

@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.common import slot_code
 from swapspec.properties.deviations import Violation
+from swapspec.properties.examples import holds_values
 from swapspec.strategies import tree_info
 
 PRELUDE = [
@@ -156,7 +158,9 @@ def _value_code(value: Any, own: dict[int, str]) -> str:
 
 def _tensor_code(t: Tensor) -> str:
     data = t.detach()
-    if data.device.type == "meta":
+    if is_traceable_wrapper_subclass(data) and type(data).__name__ == "TwoTensor":
+        return f"TwoTensor({_tensor_code(data.a)}, {_tensor_code(data.b)})"
+    if not holds_values(data):  # meta, or a FakeTensor (shown as the meta tensor it wraps)
         code = f"torch.empty({list(data.shape)}, dtype={data.dtype}, device='meta')"
     else:
         code = f"torch.tensor({data.cpu().tolist()!r}, dtype={data.dtype})"

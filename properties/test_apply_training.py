@@ -15,6 +15,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from swapspec.properties.common import (
+    WORLD_CHANCE,
     Outcome,
     attempt,
     distinct,
@@ -40,7 +41,7 @@ from swapspec.strategies import (
 from swapspec.strategies.conversions import CONVERSIONS
 from swapspec.strategies.trees import WRAPPERS
 
-trees = module_trees(lazy=False, wrappers=WRAPPERS)
+trees = module_trees(lazy=False, wrappers=WRAPPERS, world_chance=WORLD_CHANCE)
 cpu_conversions = conversions(devices=(), raising=False)
 # Conversions after which backward() still runs on CPU: dense, real floating results.
 BACKWARD_SAFE = ("float()", "double()", "half()", "bfloat16()", "to(torch.float64)", "cpu()",
@@ -110,8 +111,8 @@ def test_apply_module_still_works(target, module, earlier, conversion, flags, in
     if no_error(check, outcome, "apply"):
         fresh = fresh_copy_holding(module)
         (x,) = inputs
-        converted_out = attempt(lambda: module(x.clone()))
-        fresh_out = attempt(lambda: fresh(x.clone()))
+        converted_out = attempt(lambda: module(input_for(module, x)))
+        fresh_out = attempt(lambda: fresh(input_for(fresh, x)))
         check.that(same_output(converted_out, fresh_out), "stale-forward",
                    f"forward after the conversion {_shown(converted_out)}, but a fresh build "
                    f"holding the converted tensors {_shown(fresh_out)}",
@@ -213,10 +214,17 @@ def _count_hooks(param: torch.Tensor, fired: Counter, key: str) -> None:
     param.register_post_accumulate_grad_hook(lambda p: fired.update([f"{key}:post-accumulate"]))
 
 
+def input_for(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x``, on ``meta`` when every tensor of the module is there (a tree built on
+    ``meta`` and not given storage yet runs on meta inputs only)."""
+    devices = {t.device.type for t in named_tensors(module).values()}
+    return x.to("meta") if devices == {"meta"} else x.clone()
+
+
 def _backward(module: torch.nn.Module, x: torch.Tensor) -> Outcome:
     def run():
         with torch.enable_grad():
-            out = module(x.clone())
+            out = module(input_for(module, x))
             if out.requires_grad:
                 out.float().sum().backward()
 

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.common import attempt, clone_value, is_uninitialized, loaded_copy
 from swapspec.properties.deviations import Deviation
-from swapspec.properties.examples import Example, alias_groups, named_tensors
+from swapspec.properties.examples import Example, alias_groups, holds_values, named_tensors
 from swapspec.properties.oracle import (
     ExpectedError,
     expand,
@@ -106,7 +106,7 @@ def swap_refuses_subclass(example: Example) -> bool:
     Both paths wrap the result as ``Parameter(fn(p))``, which refuses an instance of a
     ``Parameter`` subclass, so ``_apply`` raises.
     """
-    return any(type(p) is not nn.Parameter and applied is p
+    return any(issubclass(type(p), nn.Parameter) and type(p) is not nn.Parameter and applied is p
                and torch_path(example, p, applied) != "set_data"
                for p, applied in _results(example, _params(example)))
 
@@ -223,8 +223,14 @@ def drops_parameter_class(example: Example) -> bool:
     subclass result such as ``TwoTensor``, that class) without the instance attributes."""
     return not torch_apply_raises(example) and any(
         _is_subclassed(p) and applied is not p and torch_path(example, p, applied) != "set_data"
-        and (bool(p.__dict__) or not is_traceable_wrapper_subclass(applied))
+        and (_keeps_own_attributes(p, applied) or not is_traceable_wrapper_subclass(applied))
         for p, applied in _results(example, _params(example)))
+
+
+def _keeps_own_attributes(p: Tensor, applied: Any) -> bool:
+    """Whether ``p`` has instance attributes the spec keeps: ones ``applied`` does not set
+    (``_is_param``, the mark ``Parameter()`` puts on a tensor subclass, is the parameter itself)."""
+    return any(a not in getattr(applied, "__dict__", {}) for a in p.__dict__ if a != "_is_param")
 
 
 def _distinct_slots(example: Example, registry: str) -> dict[int, int]:
@@ -334,7 +340,17 @@ def commits_before_raising(example: Example) -> bool:
     k = example.conversion.raises_on
     order = torch_call_order(example)
     first_failure = next((i for i, t in enumerate(order) if is_uninitialized(t)), len(order))
-    return min(k - 1, first_failure) >= 1
+    committed = order[:min(k - 1, first_failure)]
+    return any(_commit_shows(example, t, applied) for t, applied in _results(example, committed))
+
+
+def _commit_shows(example: Example, t: Tensor, applied: Any) -> bool:
+    """Whether committing ``fn(t)`` is visible: always for a tensor with values; for a
+    ``meta`` one only as a new object in its slot or new metadata."""
+    if holds_values(t):
+        return True
+    replaced = not isinstance(t, nn.Parameter) or torch_path(example, t, applied) == "overwrite"
+    return replaced or (t.dtype, t.shape, t.device) != (applied.dtype, applied.shape, applied.device)
 
 
 def converts_before_refused_swap(example: Example) -> bool:

@@ -60,11 +60,13 @@ def apply(
        committing (a refused swap) is rolled back (``_commit``).
     5. The path is chosen per distinct parameter (``choose_path``): swap if the swap flag
        is set or ``fn(p)`` is a traceable wrapper subclass; else set_data if
-       ``torch._has_compatible_shallow_copy_type(p, fn(p))`` and the overwrite flag is off;
-       else overwrite. A TensorImpl change therefore never goes through ``.data =``.
+       ``torch._has_compatible_shallow_copy_type(p, fn(p))``, the overwrite flag is off and
+       ``fn(p)`` is not a ``FakeTensor`` (whose device lives in the Python object, which ``.data =``
+       does not carry); else overwrite. A TensorImpl change therefore never goes through ``.data =``.
     6. The parameter keeps its class (``Parameter`` subclasses, ``UninitializedParameter``),
        its instance attributes and its ``requires_grad`` on every path, unless ``fn(p)`` is
-       itself a tensor subclass, whose class then wins (``_as_parameter_like``).
+       itself a tensor subclass, whose class then wins (``_as_parameter_like``); then the
+       attributes the subclass instance sets itself win too (a ``FakeTensor``'s device).
     7. A grad follows its parameter: swapped when the parameter is swapped (unless ``fn``
        returns the grad itself), ``.data =`` when the parameter took set_data and the grad's
        result is compatible, else replaced by ``fn(grad)``. It stays a leaf and keeps its
@@ -119,9 +121,16 @@ def choose_path(param: Tensor, applied: Tensor, *, overwrite: bool, swap: bool) 
     """Rule 5: the conversion path of one parameter."""
     if swap or is_traceable_wrapper_subclass(applied):
         return SWAP
-    if torch._has_compatible_shallow_copy_type(param, applied) and not overwrite:
+    if torch._has_compatible_shallow_copy_type(param, applied) and not overwrite and not _is_fake(applied):
         return SET_DATA
     return OVERWRITE
+
+
+def _is_fake(t: Tensor) -> bool:
+    """Rule 5: whether ``t`` is a ``FakeTensor``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
 
 
 def _modules_to_convert(module: nn.Module, recurse: bool) -> list[nn.Module]:
@@ -255,7 +264,7 @@ def _as_parameter_like(param: Tensor, applied: Tensor) -> Tensor:
         new = nn.Parameter(applied, requires_grad=param.requires_grad)
     if type(applied) in (Tensor, nn.Parameter):  # a parameter was detached above
         new.__class__ = type(param)
-    new.__dict__.update(param.__dict__)
+    new.__dict__.update({k: v for k, v in param.__dict__.items() if k not in new.__dict__})
     _carry_tensor_hooks(_tensor_hooks(param), new)
     return new
 

@@ -10,7 +10,8 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
   complex target a floating tensor becomes complex.
 * ``to(memory_format=torch.channels_last)`` applies to 4-D and 5-D tensors; 5-D ones make torch (and so this fn)
   raise ``RuntimeError: required rank 4 tensor``. The drawn trees have no 5-D tensors.
-* ``to_empty(device=d)`` is ``torch.empty_like(t, device=d)``; ``share_memory()`` is ``t.share_memory_()`` and
+* ``to_empty(device=d)`` is ``torch.empty_like(t, device=d)``; ``share_memory()`` is ``t.share_memory_()`` (wrapper subclasses such as
+  ``TwoTensor`` returned as they are: torch 2.13 crashes on theirs) and
   ``cpu()`` on a CPU tensor return their argument.
 * ``to_sparse()`` is ``t.to_sparse()`` (sparse COO; works for every dtype and shape the trees draw, 0-d included).
 * ``TwoTensor`` wraps floating tensors as ``TwoTensor(t.detach(), t.detach().clone())`` (both halves must agree on
@@ -113,7 +114,8 @@ CONVERSIONS: tuple[Conversion, ...] = (
     _to(None, "torch.float64", "to(torch.float64)", lazy_safe=True),
     _to(None, "torch.complex64", "to(torch.complex64)", lazy_safe=True),
     Conversion("cpu()", "lambda t: t.cpu()", lazy_safe=True),
-    Conversion("share_memory()", "lambda t: t.share_memory_()"),
+    # share_memory_() on a TwoTensor kills the interpreter (torch 2.13): wrapper subclasses keep theirs
+    Conversion("share_memory()", "lambda t: t if torch.utils._python_dispatch.is_traceable_wrapper_subclass(t) else t.share_memory_()"),
     Conversion(
         "to(memory_format=torch.channels_last)",
         "lambda t: t.to(None, None, False, memory_format=torch.channels_last) if t.dim() in (4, 5) else t.to(None, None, False)",

@@ -59,6 +59,10 @@ LIFE_OPTIONS = {"decoration_chance": 100, "training_chance": 100,
                 "wrappers": ("compiled", "data-parallel"), "wrapper_chance": 50}
 
 
+# The tensor worlds as the conversion properties draw them (``properties.common.WORLD_CHANCE``).
+WORLD_OPTIONS = {"world_chance": 10}
+
+
 def catalogue_reach(n: int) -> list[frozenset[str]]:
     """Feature sets of ``n`` drawn tree specs with ``catalogue_chance=CATALOGUE_REACH_CHANCE``."""
     return sample(tree_specs(catalogue_chance=CATALOGUE_REACH_CHANCE), n, spec_features)
@@ -80,7 +84,7 @@ def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
     return sample(pairs, n, lambda c: c.features)
 
 
-LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding", "wrapper: ")
+LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding", "wrapper: ", "world: ")
 
 
 def table(title: str, freqs: dict[str, float]) -> str:
@@ -105,6 +109,9 @@ def main(argv: list[str]) -> None:
     life = frequencies(tree_reach(n, **LIFE_OPTIONS))
     print(table(f"decoration and training feature ({n} trees, {LIFE_OPTIONS})",
                 {k: v for k, v in life.items() if k.startswith(LIFE_TAGS)}), "\n")
+    worlds = frequencies(tree_reach(n, **WORLD_OPTIONS))
+    print(table(f"tensor world ({n} trees, {WORLD_OPTIONS})",
+                {k: v for k, v in worlds.items() if k.startswith("world: ")}), "\n")
     catalogue = {k: v for k, v in frequencies(catalogue_reach(n)).items() if "catalogue" in k}
     print(table(f"catalogue feature ({n} trees, catalogue_chance={CATALOGUE_REACH_CHANCE})", catalogue), "\n")
     print(table(f"conversion ({n} draws)", frequencies(conversion_reach(n))), "\n")

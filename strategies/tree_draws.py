@@ -23,6 +23,7 @@ from swapspec.strategies.decorations import DecorationSpec, decoratable
 from swapspec.strategies.trees import (
     CONTAINER_KINDS,
     TRAININGS,
+    WORLDS,
     WRAPPERS,
     ContainerSpec,
     LeafSpec,
@@ -43,6 +44,12 @@ SHAPES: tuple[tuple[int, ...], ...] = ((4,), (), (3,), (2, 3), (1,), (2, 3, 2, 2
 PARAM_DTYPES = ("float32", "float16", "float64", "bfloat16", "complex64")
 BUFFER_DTYPES = (*PARAM_DTYPES, "int64", "bool")
 BEHAVIOURS = ("inplace", "rebind", "raise", "report")
+# ``'fake'`` is left out by default: whether ``swap_tensors`` refuses a fake parameter depends on
+# process-wide caches of torch's fake-tensor converter (a weak reference to it exists or not), so
+# examples built there do not replay exactly.
+DEFAULT_WORLDS = ("meta", "two-tensor")
+# Decorations a world cannot take: ``orthogonal`` checks its tensor's values (``allclose``).
+WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",)}
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -348,6 +355,8 @@ def tree_specs(
     wrappers: Sequence[str] = ("compiled",),
     wrapper_chance: int = 8,
     tie_chance: int = 55,
+    worlds: Sequence[str] = DEFAULT_WORLDS,
+    world_chance: int = 0,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
@@ -359,10 +368,12 @@ def tree_specs(
     if unknown or not decoration_kinds:
         raise ValueError(f"decoration_kinds must be a non-empty subset of {DECORATION_KINDS}; "
                          f"unknown: {unknown}")
-    kinds = tuple(k for k in DECORATION_KINDS if k in decoration_kinds)
-    decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds)
     training = not _chance(draw, 25)
     trained = _trained(draw, root, training_chance)
+    world = _world(draw, trained, worlds, world_chance)
+    kinds = tuple(k for k in DECORATION_KINDS if k in decoration_kinds
+                  and k not in WORLD_REFUSED_DECORATIONS.get(world, ()))
+    decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds) if kinds else ()
     unknown = sorted(set(wrappers) - set(WRAPPERS))
     if unknown:
         raise ValueError(f"wrappers must come from {WRAPPERS}; unknown: {unknown}")
@@ -370,7 +381,19 @@ def tree_specs(
     wrapper = draw(st.sampled_from(allowed)) if allowed and _chance(draw, wrapper_chance) else ""
     seed = draw(st.integers(0, 2**32 - 1))
     return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training,
-                    decorations=decorations, trained=trained, wrapper=wrapper)
+                    decorations=decorations, trained=trained, wrapper=wrapper, world=world)
+
+
+def _world(draw: Draw, trained: str, worlds: Sequence[str], chance: int) -> str:
+    """``''`` or one of ``worlds`` (never for a trained tree: its grads come from a real backward);
+    shrinks to ``''``."""
+    unknown = sorted(set(worlds) - set(WORLDS))
+    if unknown:
+        raise ValueError(f"worlds must come from {WORLDS}; unknown: {unknown}")
+    allowed = [w for w in WORLDS if w in worlds]
+    if trained or not allowed or not _chance(draw, chance):
+        return ""
+    return draw(st.sampled_from(allowed))
 
 
 def module_trees(
@@ -393,6 +416,8 @@ def module_trees(
     wrappers: Sequence[str] = ("compiled",),
     wrapper_chance: int = 8,
     tie_chance: int = 55,
+    worlds: Sequence[str] = DEFAULT_WORLDS,
+    world_chance: int = 0,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -432,6 +457,13 @@ def module_trees(
       which ``functional_call`` refuses, so it is not in the default), each tree wrapped with
       ``wrapper_chance`` percent (default 8). Shrinks towards no wrapper.
 
+    * ``worlds``: the tensor worlds a tree may be built in (see
+      :func:`~strategies.trees.move_to_world`: ``'meta'``, as under ``torch.device('meta')``;
+      ``'fake'``, as under ``FakeTensorMode``; ``'two-tensor'``, floating parameters holding
+      ``TwoTensor`` subclass values; default ``meta`` and ``two-tensor``: a fake tree's swap
+      refusals depend on process-wide caches, so it does not replay exactly), one with
+      ``world_chance`` percent (default 0) of the trees that are not trained. ``()`` or 0 keeps every tree plain. Shrinks towards the plain world.
+
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.
     """
@@ -443,6 +475,7 @@ def module_trees(
         training_chance=training_chance,
         catalogue=catalogue, catalogue_chance=catalogue_chance,
         wrappers=tuple(wrappers), wrapper_chance=wrapper_chance, tie_chance=tie_chance,
+        worlds=tuple(worlds), world_chance=world_chance,
     )
     return strategy.map(_build_and_report)
 

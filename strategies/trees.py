@@ -30,6 +30,7 @@ REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embeddi
               "LazyLinear")
 TRAININGS = ("backward", "backward-create-graph")
 WRAPPERS = ("compiled", "data-parallel")
+WORLDS = ("meta", "fake", "two-tensor")
 BLOCK_NAMES = ("first", "second", "third")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -138,6 +139,7 @@ class TreeSpec(_Spec):
     decorations: tuple[DecorationSpec, ...] = ()
     trained: str = ""  # "", or one of TRAININGS: one forward and backward() at the end of the build
     wrapper: str = ""  # "", or one of WRAPPERS: the built tree is returned inside it
+    world: str = ""  # "", or one of WORLDS: the tensors the tree holds (see move_to_world)
 
 
 SPEC_CLASSES = ("TreeSpec", "LeafSpec", "ContainerSpec", "TensorSpec", "TieSpec", "ShareSpec",
@@ -363,8 +365,8 @@ def build_tree(spec: TreeSpec) -> nn.Module:
 
     Order (the result is the root, or the wrapper around it): nominal tree (values from ``torch.Generator().manual_seed(spec.seed)`` in build order), then each
     tie puts the source slot's object into the other slots (the slots' own registration, e.g. persistence, is
-    kept), then each share adds an existing module under a second parent, then the decorations, then
-    ``train(spec.training)``.
+    kept), then each share adds an existing module under a second parent, then the tensors move to
+    ``spec.world``, then the decorations, then ``train(spec.training)``.
     """
     gen = torch.Generator().manual_seed(spec.seed)
     by_path: dict[str, nn.Module] = {}
@@ -376,6 +378,7 @@ def build_tree(spec: TreeSpec) -> nn.Module:
             _slot_dict(by_path[path], name)[name] = obj
     for share in spec.shares:
         by_path[share.parent].add_module(share.name, by_path[share.source])
+    move_to_world(root, spec.world)
     decorate(root, spec.decorations, spec.seed)
     root.train(spec.training)
     if spec.trained:
@@ -383,6 +386,69 @@ def build_tree(spec: TreeSpec) -> nn.Module:
     root = _wrap(root, spec.wrapper)
     _REGISTRY[root] = TreeInfo(spec=spec, features=spec_features(spec), **_counts(root))
     return root
+
+
+def move_to_world(root: nn.Module, world: str) -> None:
+    """Put every registered tensor of ``root`` into ``world``, as if the tree had been built there.
+
+    - ``'meta'``: every tensor becomes a ``meta`` tensor of its shape and dtype (``torch.device('meta')``
+      at construction); ``to_empty`` is how such a tree gets storage.
+    - ``'fake'``: every tensor becomes a ``FakeTensor`` of one ``FakeTensorMode`` (built under
+      ``FakeTensorMode``); forward runs, on no values.
+    - ``'two-tensor'``: every floating parameter holds a ``TwoTensor`` of its value and a copy (a
+      traceable wrapper subclass, as ``DTensor`` and quantized weights are).
+
+    Slots are rebound directly (torch's ``_apply`` is what the suite tests, so the builder never runs it):
+    one tensor object stays one object in every slot that held it, parameters keep ``requires_grad``,
+    and RNNs rebuild ``_flat_weights`` from the new parameters. Moved parameters carry no grad.
+    ``''`` changes nothing.
+    """
+    if not world:
+        return
+    convert = _WORLD_MAKERS[world]()
+    moved: dict[int, tuple[Tensor, Tensor]] = {}  # id -> (old, new); old kept alive so ids stay unique
+    for module in root.modules():
+        for slots in (module._parameters, module._buffers):
+            for name, t in slots.items():
+                if t is None or isinstance(t, nn.parameter.UninitializedTensorMixin):
+                    continue
+                if id(t) not in moved:
+                    moved[id(t)] = (t, _moved(t, convert))
+                slots[name] = moved[id(t)][1]
+        if isinstance(module, nn.RNNBase):
+            module._init_flat_weights()
+
+
+def _moved(t: Tensor, convert: Any) -> Tensor:
+    """``t`` in the new world (``t`` itself where the world leaves it): a parameter stays a parameter,
+    with its ``requires_grad``; a moved parameter has no grad (a tree built there is untrained)."""
+    is_param = isinstance(t, nn.Parameter)
+    data = convert(t.detach(), is_param)
+    if data is None:
+        return t
+    if not is_param:
+        return data
+    return data if isinstance(data, nn.Parameter) else nn.Parameter(data, requires_grad=t.requires_grad)
+
+
+def _meta_maker() -> Any:
+    return lambda t, is_param: torch.empty_like(t, device="meta")
+
+
+def _fake_maker() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    return lambda t, is_param: mode.from_tensor(t)
+
+
+def _two_tensor_maker() -> Any:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return lambda t, is_param: TwoTensor(t, t.clone()) if is_param and t.is_floating_point() else None
+
+
+_WORLD_MAKERS = {"meta": _meta_maker, "fake": _fake_maker, "two-tensor": _two_tensor_maker}
 
 
 def _wrap(root: nn.Module, wrapper: str) -> nn.Module:
@@ -471,6 +537,8 @@ def spec_features(spec: TreeSpec) -> frozenset[str]:
     tags |= {f"decoration: {d.kind}" for d in spec.decorations}
     if spec.wrapper:
         tags.add(f"wrapper: {spec.wrapper}")
+    if spec.world:
+        tags.add(f"world: {spec.world}")
     if spec.trained:
         tags.add(f"trained: {spec.trained}")
         if any(isinstance(n, LeafSpec) and n.kind == "SparseEmbedding" and not n.frozen

@@ -16,6 +16,7 @@ from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
 from swapspec.strategies.reach import (
     CATALOGUE_REACH_CHANCE,
     LIFE_OPTIONS,
+    WORLD_OPTIONS,
     call_reach,
     catalogue_reach,
     conversion_reach,
@@ -113,6 +114,21 @@ def test_tree_reach() -> None:
 def test_decoration_and_training_reach() -> None:
     check(f"decoration and training feature (500 trees, {LIFE_OPTIONS})",
           frequencies(tree_reach(500, **LIFE_OPTIONS)), LIFE_FLOORS)
+
+
+# The conversion properties' tensor worlds: 10% of the untrained trees, split over meta and TwoTensor.
+WORLD_FLOORS = {"world: meta": 0.02, "world: two-tensor": 0.02}
+
+
+def test_world_reach() -> None:
+    check(f"tensor world (500 trees, {WORLD_OPTIONS})", frequencies(tree_reach(500, **WORLD_OPTIONS)),
+          WORLD_FLOORS)
+
+
+def test_world_chance_matches_the_properties() -> None:
+    from swapspec.properties.common import WORLD_CHANCE
+
+    assert WORLD_OPTIONS["world_chance"] == WORLD_CHANCE, "the reach sample must draw as the properties do"
 
 
 def test_catalogue_reach() -> None:

@@ -1,0 +1,104 @@
+"""The tensor worlds of the builder (meta, fake, TwoTensor parameters), and the reference's rule
+for ``FakeTensor`` parameters."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.testing._internal.two_tensor import TwoTensor
+
+from swapspec import reference
+from swapspec.strategies.trees import (
+    ContainerSpec,
+    LeafSpec,
+    TensorSpec,
+    TieSpec,
+    TreeSpec,
+    build_tree,
+)
+
+TIED = TreeSpec(
+    root=ContainerSpec(children=(
+        LeafSpec(tensors=(TensorSpec(name="p0"), TensorSpec(name="b0", buffer=True),
+                          TensorSpec(name="b1", dtype="int64", buffer=True))),
+        LeafSpec(tensors=(TensorSpec(name="p0"),)),
+    )),
+    ties=(TieSpec(slots=(("0", "p0"), ("1", "p0"))),),
+)
+
+
+def _world(world: str, spec: TreeSpec = TIED) -> nn.Module:
+    return build_tree(TreeSpec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__},
+                                  "world": world}))
+
+
+def test_meta_world_moves_every_tensor_and_keeps_ties():
+    m = _world("meta")
+    assert {t.device.type for t in [*m.parameters(), *m.buffers()]} == {"meta"}
+    assert m[0].p0 is m[1].p0, "a tie must stay one object"
+    assert isinstance(m[0].p0, nn.Parameter) and m[0].p0.requires_grad
+    assert m[0].b1.dtype == torch.int64
+
+
+def test_fake_world_makes_fake_tensors_of_one_mode():
+    m = _world("fake")
+    tensors = [*m.parameters(), *m.buffers()]
+    assert all(isinstance(t, FakeTensor) for t in tensors)
+    assert len({id(t.fake_mode) for t in tensors}) == 1
+    assert m[0].p0 is m[1].p0
+
+
+def test_two_tensor_world_wraps_floating_parameters_only():
+    m = _world("two-tensor")
+    assert type(m[0].p0) is TwoTensor and isinstance(m[0].p0, nn.Parameter)
+    assert torch.equal(m[0].p0.a, m[0].p0.b)
+    assert type(m[0].b0) is torch.Tensor, "buffers stay plain"
+    assert m[0].p0 is m[1].p0
+
+
+def test_world_build_is_deterministic():
+    a, b = _world("two-tensor"), _world("two-tensor")
+    assert torch.equal(a[0].p0.a, b[0].p0.a) and a[0].p0 is not b[0].p0
+
+
+def test_plain_world_is_the_plain_build():
+    assert torch.equal(_world("")[0].p0, build_tree(TIED)[0].p0)
+
+
+def test_rnn_in_a_world_runs_on_its_new_weights():
+    m = _world("meta", TreeSpec(root=LeafSpec(kind="catalogue", entry="nn.LSTM")))
+    lstm = next(x for x in m.modules() if isinstance(x, nn.LSTM))
+    assert all(w is p for w, p in zip(lstm._flat_weights, [getattr(lstm, n) for n in lstm._flat_weights_names], strict=True))
+
+
+def _fake_linear() -> nn.Linear:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    m = nn.Linear(2, 3)
+    for name, p in list(m._parameters.items()):
+        m._parameters[name] = mode.from_tensor(p)
+    return m
+
+
+def test_fake_parameter_never_takes_set_data():
+    fake = _fake_linear().weight
+    assert reference.choose_path(fake, fake.double(), overwrite=False, swap=False) == "overwrite"
+    plain = nn.Parameter(torch.ones(2))
+    assert reference.choose_path(plain, plain.double(), overwrite=False, swap=False) == "set_data"
+
+
+def test_fake_parameter_moved_by_overwrite_reports_its_new_device():
+    m = _fake_linear()
+    reference.apply(m, lambda t: t.to("meta"), overwrite=False, swap=False)
+    assert isinstance(m.weight, FakeTensor) and isinstance(m.weight, nn.Parameter)
+    assert m.weight.device.type == "meta", "the result's own fake device must win over the old one"
+
+
+def test_parameter_attributes_survive_beside_a_subclass_result():
+    p = nn.Parameter(torch.ones(2, 2))
+    p.tag = "kept"
+    m = nn.Module()
+    m.w = p
+    reference.apply(m, lambda t: TwoTensor(t + 1, t + 2), overwrite=False, swap=False)
+    assert m.w.tag == "kept"
+    assert torch.equal(m.w.a, torch.full((2, 2), 2.0)), "the subclass's own attributes win"
