@@ -101,9 +101,11 @@ def describe(v, known=None):
 def state(module, before, given=()):
     """What the module holds, slot by slot (and grads, and ties), against `before`."""
     known, out, by_id = labels(before, given), {}, {}
+    plain = set(nn.Module().__dict__)
     for path, m in module.named_modules(remove_duplicate=False):
-        out[f"module {path!r}"] = (f"{type(m).__name__}, attributes {sorted(m.__dict__)}, "
-                                   f"parameters {list(m._parameters)}, buffers {list(m._buffers)}")
+        out[f"module {path!r}"] = (f"{type(m).__name__}, parameters {list(m._parameters)}, "
+                                   f"buffers {list(m._buffers)}, "
+                                   f"other attributes {sorted(set(m.__dict__) - plain)}")
     for name, t in slots(module).items():
         out[name] = describe(t, known)
         was = before.get(name)

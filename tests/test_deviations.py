@@ -89,7 +89,10 @@ def test_unexplained_violation_raises_with_rule_and_repro():
     assert text.startswith("APPLY-TIES on target 'planted':")
     assert "  broken rule [tie-split]: names a, b hold 2 objects" in text
     assert "fine" not in text
-    assert "Standalone repro" in text and text.endswith("print('repro body')")
+    assert text.endswith("standalone repro: printed below as 'swapspec standalone repro'")
+    assert "repro body" not in text  # the script is a report section, not part of the message
+    assert e.value.repro == "print('repro body')"
+    assert [v.clause for v in e.value.violations] == ["tie-split"]
     assert seen == [["tie-split"]]
     assert not deviations.OBSERVED
 
@@ -100,7 +103,7 @@ def test_no_repro_env_var_leaves_the_repro_out(monkeypatch):
     check.that(False, "tie-split", "split")
     with pytest.raises(ConformanceError) as e:
         check.verdict(lambda v: "print('repro body')")
-    assert "Standalone repro" not in str(e.value)
+    assert "standalone repro" not in str(e.value) and e.value.repro == ""
     assert "broken rule [tie-split]" in str(e.value)
 
 
@@ -177,7 +180,7 @@ def test_table_merges_tests_of_one_pair():
         _result("P", "t", "pass"),
     ])
     assert table == {"P": {"t": {"status": "deviation", "deviations": {"a": 3, "b": 4},
-                                 "reason": "", "tests": 4}}}
+                                 "reason": "", "tests": 4, "failures": []}}}
     assert render_cell(table["P"]["t"]) == "deviation (ax3, bx4)"
 
 

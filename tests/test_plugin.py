@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from swapspec.properties.plugin import render_cell
+from swapspec.properties.repro import retargeted
+from swapspec.properties.targets import builtin_target
+from tests.repro_scripts import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 PLANTED = "tests.planted.broken_reference"
@@ -40,6 +43,7 @@ class Run:
     stderr: str
     report: dict | None = None
     outcomes: dict[str, tuple[str, str]] | None = None  # junit name -> (outcome, text)
+    repro_dir: Path | None = None
 
     @property
     def output(self) -> str:
@@ -80,9 +84,11 @@ def _junit_outcomes(path: Path) -> dict[str, tuple[str, str]]:
 
 
 def _planted_run(tmp: Path, *extra: str) -> Run:
-    report, junit = tmp / "r.json", tmp / "junit.xml"
+    report, junit, repros = tmp / "r.json", tmp / "junit.xml", tmp / "repros"
     run = run_pytest(tmp, *MIXED, f"--swapspec-target={TARGETS}", "-p", "tests.planted.fast_profile",
-                     f"--swapspec-report={report}", f"--junitxml={junit}", "-rA", *extra)
+                     f"--swapspec-report={report}", f"--junitxml={junit}", "-rA",
+                     f"--swapspec-repro-dir={repros}", *extra)
+    run.repro_dir = repros
     if report.exists():
         run.report = json.loads(report.read_text())
     if junit.exists():
@@ -130,20 +136,16 @@ def _failure_text(run: Run, target: str) -> str:
     return text
 
 
+REPRO_HEADER = re.compile(r"^-+ swapspec standalone repro -+$")
+REPRO_END = "----- end of repro -----"
+
+
 def extract_repro(output: str) -> str:
-    """The script after 'Standalone repro' in the terminal failure section (``E`` lines)."""
+    """The first repro section of a failure report: the lines between its separator lines."""
     lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("E") and "Standalone repro" in line)
-    body = []
-    for line in lines[start + 1:]:
-        if not line.startswith("E"):
-            break
-        text = line[8:] if len(line) > 8 else ""
-        if text.startswith(("Failing test case", "Falsifying", "Explanation", "You can reproduce")):
-            break
-        body.append(text)
-    return "\n".join(body).strip() + "\n"
+    start = next(i for i, line in enumerate(lines) if REPRO_HEADER.match(line))
+    end = lines.index(REPRO_END, start)
+    return "\n".join(lines[start + 1:end]) + "\n"
 
 
 def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
@@ -151,39 +153,33 @@ def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
     text = _failure_text(planted, "broken-tie-split")
     assert "APPLY-TIES on target 'broken-tie-split'" in text
     assert "broken rule [parameter-tie-split]" in text
-    assert "Standalone repro" in text
+    assert "standalone repro: printed below as 'swapspec standalone repro'" in text
     section = planted.stdout.split("test_apply_keeps_ties[broken-tie-split]", 1)[1]
     assert "broken rule [parameter-tie-split]" in section
-    assert f"load_target('{PLANTED}:tie_split')" in section
+    repro = extract_repro(section)
+    assert "importlib.import_module('tests.planted.broken_reference'), 'tie_split'" in repro
+    assert not any(line.startswith("E ") for line in repro.splitlines())
+    compile(repro, "repro", "exec")  # nothing of Hypothesis' text is inside it
 
 
-RUN_BOTH = """
-import sys
-src = sys.stdin.read()
-for label, code in (("planted", src), ("reference", src.replace(sys.argv[1], "reference"))):
-    try:
-        exec(compile(code, label, "exec"), {"__name__": "__main__"})
-    except AssertionError as e:
-        print(label, "AssertionError:", e)
-    else:
-        print(label, "ran clean")
-"""
+def test_printed_repro_is_the_file_written_to_the_repro_dir(planted):
+    section = planted.stdout.split("_ test_apply_keeps_ties[broken-tie-split] _", 1)[1]
+    written = planted.repro_dir / "test_apply_keeps_ties-broken-tie-split.py"
+    assert written.read_text() == extract_repro(section)
+    assert sorted(p.name for p in planted.repro_dir.iterdir()) == [
+        "test_apply_keeps_ties-broken-tie-split.py"]  # a stale declaration has no repro
 
 
 def test_printed_repro_runs_and_shows_the_bug_only_on_the_planted_target(planted, tmp_path):
     section = planted.stdout.split("_ test_apply_keeps_ties[broken-tie-split] _", 1)[1]
     repro = extract_repro(section)
-    assert repro.count(f"{PLANTED}:tie_split") == 1
-    assert repro.rstrip().splitlines()[-1].startswith("assert ")
-    proc = subprocess.run([sys.executable, "-c", RUN_BOTH, f"{PLANTED}:tie_split"], input=repro,
-                          cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 2, proc.stdout
-    assert re.fullmatch(r"planted AssertionError: tied parameter names \[.+\] now hold [2-9] objects",
-                        lines[0]), lines[0]
-    assert lines[1] == "reference ran clean"
+    assert repro.rstrip().splitlines()[-1].startswith("assert")
+    planted_run = run_script(repro, tmp_path, pythonpath=REPO)
+    assert planted_run.returncode == 1
+    assert re.search(r"AssertionError: tied parameter names \[.+\] now hold [2-9] objects",
+                     planted_run.stderr), planted_run.stderr[-2000:]
+    reference_run = run_script(retargeted(repro, builtin_target("reference")), tmp_path)
+    assert reference_run.returncode == 0, reference_run.stderr[-2000:]
 
 
 # ---- 2. and 3. stale and covered deviations --------------------------------------------
@@ -482,7 +478,7 @@ def test_a_crashing_target_fails_one_property_with_its_repro(tmp_path):
     assert "1 failed, 2 passed" in run.stdout.splitlines()[-1], run.output[-3000:]
     assert "crashed while running" in run.output
     assert "APPLY-TIES on target 'crashing': the interpreter died" in run.output
-    assert "load_target('tests.planted.crashing')" in run.output
+    assert "importlib.import_module('tests.planted.crashing')" in run.output
     table = json.loads(report.read_text())["table"]
     assert table["APPLY-TIES"]["crashing"]["status"] == "fail"
     assert table["APPLY-TIES"]["reference"]["status"] == "pass"
