@@ -17,8 +17,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from swapspec.properties import standalone
-from swapspec.properties import test_apply, test_apply_training, test_functional_call
+from swapspec.properties import standalone, test_apply, test_apply_training, test_functional_call
 from swapspec.properties.common import conversion_named
 from swapspec.properties.deviations import ConformanceError
 from swapspec.properties.examples import alias_groups, named_tensors, same_values
