@@ -32,6 +32,8 @@ import importlib.util
 import json
 import os
 import random
+import re
+import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -363,7 +365,7 @@ def _failures(pid: str, call: pytest.CallInfo, report: pytest.TestReport) -> lis
                 for e in errors for v in e.violations]
     if not failures:
         text = str(call.excinfo.value) if call.excinfo is not None else str(report.longrepr)
-        failures.append({"property": pid, "clause": "", "message": text.splitlines()[0] if text else "",
+        failures.append({"property": pid, "clause": "", "message": " ".join(text.split())[:500],
                          "repro": ""})
     return failures
 
@@ -448,25 +450,83 @@ def conformance_table(results: list[dict]) -> dict[str, dict[str, dict]]:
     return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
 
 
-def render_cell(cell: dict) -> str:
-    """One table cell: pass / fail / deviation (count and clauses) / skipped (reason)."""
+TABLE_WIDTH = 100
+STATUS_WORDS = {"pass": "pass", "fail": "FAIL", "deviation": "dev", "skipped": "skip"}
+LONG_NAME = 20  # longer target names are shown as T1, T2... with a legend under the table
+_SKIP_PREFIX = re.compile(r"^(?P<target>.+) declares a skip for \S+: (?P<reason>.*)$", re.S)
+
+
+def cell_note(cell: dict) -> str:
+    """The long text of a cell, shown once as a numbered note under the table: the declared
+    deviations seen and their counts, the skip reason, or the broken rules."""
     if cell["status"] == "deviation":
-        clauses = ", ".join(f"{c}x{n}" for c, n in sorted(cell["deviations"].items()))
-        return f"deviation ({clauses})"
+        return "deviations seen: " + ", ".join(f"{c} x{n}" for c, n in sorted(cell["deviations"].items()))
     if cell["status"] == "skipped":
-        return f"skipped ({cell['reason']})"
-    return cell["status"]
+        match = _SKIP_PREFIX.match(cell["reason"])
+        return (f"{match['target']} declares a skip: {match['reason']}" if match
+                else f"skipped: {cell['reason']}")
+    if cell["status"] == "fail":
+        rules = dict.fromkeys(f"[{f['clause']}] {f['message']}" if f["clause"] else f["message"]
+                              for f in cell.get("failures", []))
+        return ("broken: " + "; ".join(_shortened(r) for r in rules)) if rules else ""
+    return ""
 
 
-def render_table(table: dict[str, dict[str, dict]]) -> list[str]:
+def _shortened(text: str, limit: int = 160) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def render_cell(cell: dict, note: int | None = None) -> str:
+    """One table cell: ``pass``, ``FAIL``, ``dev`` or ``skip``, and its note's number."""
+    word = STATUS_WORDS[cell["status"]]
+    return f"{word} [{note}]" if note is not None else word
+
+
+def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) -> list[str]:
+    """The table in lines of at most ``width`` characters: as many target columns side by side
+    as fit (more in further blocks), each cell's long text as a numbered note under it (the
+    same text once), and a legend for the status words and abbreviated target names."""
     targets = sorted({t for row in table.values() for t in row})
-    header = ["property", *targets]
-    rows = [[pid, *(render_cell(row[t]) if t in row else "-" for t in targets)]
-            for pid, row in table.items()]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = " | ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*header), "-+-".join("-" * w for w in widths),
-            *(fmt.format(*r) for r in rows)]
+    notes: dict[str, int] = {}
+    cells: dict[tuple[str, str], str] = {}
+    for pid, row in table.items():
+        for target in targets:
+            cell = row.get(target)
+            text = cell_note(cell) if cell else ""
+            number = notes.setdefault(text, len(notes) + 1) if text else None
+            cells[(pid, target)] = render_cell(cell, number) if cell else "-"
+    headers = {t: t if len(t) <= LONG_NAME else f"T{i}" for i, t in enumerate(targets, 1)}
+    lines: list[str] = []
+    for block in _column_blocks(table, targets, headers, cells, width):
+        rows = [["property", *(headers[t] for t in block)],
+                *([pid, *(cells[(pid, t)] for t in block)] for pid in table)]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        fmt = " | ".join(f"{{:<{w}}}" for w in widths)
+        lines += [fmt.format(*rows[0]).rstrip(), "-+-".join("-" * w for w in widths),
+                  *(fmt.format(*r).rstrip() for r in rows[1:]), ""]
+    lines += textwrap.wrap("pass: follows the spec; FAIL: breaks it; dev: passes with declared "
+                           "deviations; skip: declared not to apply; -: not run", width)
+    lines += [f"{h} = {t}" for t, h in headers.items() if h != t]
+    for text, number in notes.items():
+        lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ",
+                               subsequent_indent=" " * (len(str(number)) + 3))
+    return lines
+
+
+def _column_blocks(table, targets, headers, cells, width) -> list[list[str]]:
+    """Targets in groups whose table rows fit ``width`` (at least one target per group)."""
+    first = max([len("property"), *map(len, table)])
+    blocks: list[list[str]] = [[]]
+    used = first
+    for t in targets:
+        column = max([len(headers[t]), *(len(cells[(pid, t)]) for pid in table)]) + 3
+        if blocks[-1] and used + column > width:
+            blocks.append([])
+            used = first
+        blocks[-1].append(t)
+        used += column
+    return blocks
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

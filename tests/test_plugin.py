@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from swapspec.properties.plugin import render_cell
+from swapspec.properties.plugin import STATUS_WORDS, cell_note
 from swapspec.properties.repro import retargeted
 from swapspec.properties.targets import builtin_target
 from tests.repro_scripts import run_script
@@ -106,24 +106,46 @@ def planted_xdist(tmp_path_factory) -> Run:
     return _planted_run(tmp_path_factory.mktemp("planted-xdist"), "-n", "2")
 
 
-def parse_table(output: str) -> tuple[str, dict[str, dict[str, str]]]:
-    """The torch version line and ``{property: {target: cell}}`` of the printed table."""
+def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]]:
+    """The torch version line and ``{property: {target: (status word, note text)}}`` of the
+    printed table (its blocks joined, abbreviated names and note numbers resolved); every line
+    of the report fits 100 columns."""
     lines = output.splitlines()
     starts = [i for i, line in enumerate(lines) if "swapspec conformance report" in line]
     assert len(starts) == 1, f"want the report printed once, found {len(starts)}"
     i = starts[0] + 1
-    version = lines[i]
-    header = [c.strip() for c in lines[i + 1].split(" | ")]
-    assert header[0] == "property"
-    assert set(lines[i + 2]) <= {"-", "+"}
+    version, i = lines[i], i + 1
+    cells: dict[str, dict[str, str]] = {}
+    while lines[i].startswith("property "):
+        header = [c.strip() for c in lines[i].split(" | ")]
+        assert set(lines[i + 1]) <= {"-", "+"}
+        i += 2
+        while lines[i].strip():
+            row = [c.strip() for c in lines[i].split(" | ")]
+            assert len(row) == len(header), lines[i]
+            cells.setdefault(row[0], {}).update(zip(header[1:], row[1:], strict=True))
+            i += 1
+        i += 1
+    report = []
+    while i < len(lines) and not lines[i].startswith(("=", "swapspec: wrote")):
+        report.append(lines[i])
+        i += 1
+    assert all(len(line) <= 100 for line in lines[starts[0] + 1:i]), "the report is wider than 100"
+    legend = dict(re.findall(r"^(T\d+) = (.+)$", "\n".join(report), re.M))
+    notes = {n: " ".join(t.split()) for n, t in re.findall(
+        r"^\[(\d+)\] (.*?)(?=^\[\d+\] |\Z)", "\n".join(report), re.M | re.S)}
     table = {}
-    for line in lines[i + 3:]:
-        if not line.strip() or line.startswith(("=", "swapspec: wrote")):
-            break
-        cells = [c.strip() for c in line.split(" | ")]
-        assert len(cells) == len(header), line
-        table[cells[0]] = dict(zip(header[1:], cells[1:], strict=True))
+    for pid, row in cells.items():
+        table[pid] = {}
+        for head, cell in row.items():
+            word, _, number = cell.partition(" [")
+            table[pid][legend.get(head, head)] = (word, notes[number.rstrip("]")] if number else "")
     return version, table
+
+
+def shown(cell: dict) -> tuple[str, str]:
+    """What the terminal table shows for a JSON cell: its status word and note text."""
+    return STATUS_WORDS[cell["status"]], " ".join(cell_note(cell).split())
 
 
 # ---- 1. a planted bug fails the run with a runnable repro ------------------------------
@@ -196,14 +218,15 @@ def test_observed_declared_deviation_passes_and_is_counted(planted):
     assert planted.outcomes["test_apply_keeps_ties[declared-tie-split]"][0] == "passed"
     assert planted.outcomes["test_apply_keeps_ties[reference]"][0] == "passed"
     _, table = parse_table(planted.stdout)
-    cell = table["APPLY-TIES"]["declared-tie-split"]
-    assert re.fullmatch(r"deviation \(parameter-tie-splitx[1-9]\d*\)", cell), cell
+    word, note = table["APPLY-TIES"]["declared-tie-split"]
+    assert word == "dev" and re.fullmatch(r"deviations seen: parameter-tie-split x[1-9]\d*", note), note
     json_cell = planted.report["table"]["APPLY-TIES"]["declared-tie-split"]
     assert json_cell["status"] == "deviation"
     assert json_cell["deviations"]["parameter-tie-split"] >= 1
-    assert table["APPLY-TIES"]["reference"] == "pass"
-    assert table["APPLY-TIES"]["broken-tie-split"] == "fail"
-    assert table["APPLY-TIES"]["stale-declaration"] == "fail"
+    assert table["APPLY-TIES"]["reference"] == ("pass", "")
+    assert table["APPLY-TIES"]["broken-tie-split"][0] == "FAIL"
+    assert table["APPLY-TIES"]["broken-tie-split"][1].startswith("broken: [parameter-tie-split] tied")
+    assert table["APPLY-TIES"]["stale-declaration"][0] == "FAIL"
 
 
 # ---- 4. the JSON report matches the table, serially and under xdist --------------------
@@ -220,15 +243,28 @@ def _check_report_matches_table(run: Run) -> None:
                        "declared-tie-split", "stale-declaration"}
     for pid, row in table.items():
         assert set(row) == targets
-        for target, shown in row.items():
-            expected = render_cell(want[pid][target]) if target in want[pid] else "-"
-            assert shown == expected, (pid, target)
-    assert table["FC-INPUT-FORMS"]["reference"] == "-"
+        for target, shown_cell in row.items():
+            assert shown_cell == (shown(want[pid][target]) if target in want[pid] else ("-", "")), (
+                pid, target)
+    assert table["FC-INPUT-FORMS"]["reference"] == ("-", "")
     assert all(cell["tests"] == 1 for row in want.values() for cell in row.values())
 
 
 def test_json_report_matches_terminal_table(planted):
     _check_report_matches_table(planted)
+
+
+def test_json_report_gives_each_failure_its_property_clause_message_and_repro(planted):
+    failures = planted.report["table"]["APPLY-TIES"]["broken-tie-split"]["failures"]
+    assert [(f["property"], f["clause"]) for f in failures] == [("APPLY-TIES", "parameter-tie-split")]
+    assert re.fullmatch(r"tied parameter names \[.+\] now hold [2-9] objects", failures[0]["message"])
+    written = planted.repro_dir / "test_apply_keeps_ties-broken-tie-split.py"
+    assert failures[0]["repro"] == written.read_text()
+    stale = planted.report["table"]["APPLY-TIES"]["stale-declaration"]["failures"]
+    assert [(f["clause"], f["repro"]) for f in stale] == [("", "")]
+    assert stale[0]["message"].startswith(
+        "APPLY-TIES on target 'stale-declaration': stale deviation [parameter-tie-split]")
+    assert planted.report["table"]["APPLY-TIES"]["reference"]["failures"] == []
 
 
 def test_json_report_matches_terminal_table_under_xdist(planted_xdist, planted):
@@ -261,7 +297,8 @@ def test_bad_target_is_one_line_usage_error(tmp_path, spec, message):
 def test_declared_skip_shows_in_table_with_reason(planted):
     assert planted.outcomes["test_fc_input_forms[torch-stateless]"][0] == "skipped"
     _, table = parse_table(planted.stdout)
-    assert table["FC-INPUT-FORMS"]["torch-stateless"] == f"skipped ({STATELESS_REASON})"
+    assert table["FC-INPUT-FORMS"]["torch-stateless"] == (
+        "skip", "torch-stateless declares a skip: " + STATELESS_REASON.split(": ", 1)[1])
     cell = planted.report["table"]["FC-INPUT-FORMS"]["torch-stateless"]
     assert (cell["status"], cell["reason"]) == ("skipped", STATELESS_REASON)
 
