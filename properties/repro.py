@@ -158,7 +158,7 @@ def assert_same(observed, expected):
              if observed.get(k, "absent") != want}
     assert not wrong, "differs from the reference:\\n" + "\\n".join(
         f"  {k}:\\n    got  {got}\\n    want {want}" for k, (got, want) in wrong.items())
-'''.strip("\n").splitlines()
+'''
 
 
 # ---------------------------------------------------------------- the target section
@@ -302,8 +302,10 @@ def _script(module: Any, target: Any, body: list[str], violations: list[Violatio
     head = [*standalone.IMPORTS, ""]
     if any("TwoTensor" in line for line in body):
         head.append("from torch.testing._internal.two_tensor import TwoTensor")
-    needed = standalone.names_used([*build, *body]) | ({"seeded", "CatalogueLeaf"} if catalogue else set())
-    head += ["", *standalone.definitions(needed), *HELPERS, ""]
+    codes = [v.code for v in violations if v.code]
+    needed = standalone.names_used([*build, *body, *codes]) | {"assert_same"}
+    needed |= {"seeded", "CatalogueLeaf"} if catalogue else set()
+    head += ["", *standalone.definitions(needed, HELPERS), ""]
     if catalogue:
         head += ["", *standalone.CATALOGUE_LEAF]
     head += ["", "", *build, "", ""]

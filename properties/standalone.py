@@ -97,14 +97,26 @@ def _top_level() -> dict[str, tuple[int, str, frozenset[str]]]:
     """``{name: (order, source without docstrings, names it uses)}`` over ``SOURCES``; the first
     module that defines a name wins."""
     found: dict[str, tuple[int, str, frozenset[str]]] = {}
-    for module_name in SOURCES:
+    for i, module_name in enumerate(SOURCES):
         module = importlib.import_module(f"swapspec.strategies.{module_name}")
-        for node in ast.parse(inspect.getsource(module)).body:
-            name = _defined_name(node)
-            if name is None or name in found:
-                continue
+        found = {**_parsed(inspect.getsource(module), _BLOCK * i, docstrings=False), **found}
+    return found
+
+
+_BLOCK = 100_000  # order numbers of one source's definitions: source index * _BLOCK + position
+
+
+@cache
+def _parsed(source: str, first: int = 0, *, docstrings: bool = True) -> dict[str, tuple[int, str, frozenset[str]]]:
+    """The top-level definitions of ``source`` as ``_top_level`` gives them, numbered from ``first``."""
+    found: dict[str, tuple[int, str, frozenset[str]]] = {}
+    for node in ast.parse(source).body:
+        name = _defined_name(node)
+        if name is None or name in found:
+            continue
+        if not docstrings:
             _drop_docstrings(node)
-            found[name] = (len(found), ast.unparse(node), _free_names(node) - {name})
+        found[name] = (first + len(found), ast.unparse(node), _free_names(node) - {name})
     return found
 
 
@@ -134,9 +146,10 @@ def _drop_docstrings(node: ast.AST) -> None:
             n.body = body[1:] or [ast.Pass()]
 
 
-def definitions(names: set[str]) -> list[str]:
-    """Source lines of the named definitions and of every definition they use, in source order."""
-    table = _top_level()
+def definitions(names: set[str], helpers: str = "") -> list[str]:
+    """Source lines of the named definitions and of every definition they use, in source order:
+    from swapspec's strategies (docstrings left out), then from ``helpers`` (source text)."""
+    table = {**_top_level(), **_parsed(helpers, _BLOCK * len(SOURCES))}
     wanted: set[str] = set()
     todo = [n for n in names if n in table]
     while todo:
