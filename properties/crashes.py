@@ -4,8 +4,8 @@ Rules:
 
 * Under ``pytest -n`` (pytest-xdist), a worker that dies (a segfault inside torch) is
   replaced and the run goes on; xdist reports the test it was running as failed.
-* Before each example runs the target, the worker writes the example's repro (the call on
-  that target, without asserts: the crash is the failure) to an in-flight file named after
+* Before each example runs the target, an xdist worker writes the example's repro (the call
+  on that target, without asserts: the crash is the failure) to an in-flight file named after
   its process, in a directory the controller chose. A test that finishes removes its file.
 * When xdist reports a crash, the controller adds the crashed worker's in-flight repro to
   the failure, and the property's report cell for that target becomes ``fail``.
@@ -55,14 +55,14 @@ def _own_file() -> Path | None:
 def record(property_id: str, target: Any, example: Any) -> None:
     """Write the repro of the example about to run (best effort: never fails the test)."""
     path = _own_file()
-    if path is None or "nodeid" not in CURRENT:
-        return
+    if path is None or "nodeid" not in CURRENT or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # without xdist nothing would read the file: the crash ends the run
     from swapspec.properties.repro import apply_repro, call_repro
 
     try:
-        script = (call_repro(example, target, []) if example.call is not None
-                  else apply_repro(example, target, []) if example.conversion is not None
-                  else "")
+        script = (call_repro(example, target, [], verify=False) if example.call is not None
+                  else apply_repro(example, target, [], verify=False)
+                  if example.conversion is not None else "")
     except Exception as e:  # a repro that cannot be written must not change the verdict
         script = f"# no repro: {type(e).__name__}: {e}"
     entry = {"nodeid": CURRENT["nodeid"], "property": property_id, "target": target.name,

@@ -90,7 +90,16 @@ def _release(version: str) -> tuple[int, int, int]:
 
 
 class ConformanceError(AssertionError):
-    """An example broke the spec where nothing declares a deviation, or a declaration is stale."""
+    """An example broke the spec where nothing declares a deviation, or a declaration is stale.
+
+    ``violations`` are the broken rules nothing declares, ``repro`` the standalone script (empty
+    while Hypothesis shrinks: it is made for the example Hypothesis reports).
+    """
+
+    def __init__(self, message: str, violations: list[Violation] = (), repro: str = "") -> None:
+        super().__init__(message)
+        self.violations = list(violations)
+        self.repro = repro
 
 
 @dataclass
@@ -152,9 +161,11 @@ class Checker:
             for clause in violated:
                 OBSERVED[(self.property_id, self.target.name, clause)] += 1
             return
-        raise ConformanceError(self._explain(unexplained, stale, repro))
+        script = self._repro(repro, unexplained)
+        error = ConformanceError(self._explain(unexplained, stale, bool(script)), unexplained, script)
+        raise error
 
-    def _explain(self, unexplained, stale, repro) -> str:
+    def _explain(self, unexplained, stale, has_repro: bool) -> str:
         lines = [f"{self.property_id} on target {self.target.name!r}:"]
         lines += [f"  broken rule [{v.clause}]: {v.message}" for v in unexplained]
         lines += [
@@ -162,7 +173,29 @@ class Checker:
             "target now follows the spec here; remove or narrow the declaration"
             for d in stale
         ]
-        if repro is not None and os.environ.get("SWAPSPEC_NO_REPRO") != "1":
-            lines += ["", "Standalone repro (save it as a file and run it with python):", "",
-                      repro(unexplained)]
+        if has_repro:
+            lines.append(f"  standalone repro: printed below as '{REPRO_SECTION}'")
         return "\n".join(lines)
+
+    @staticmethod
+    def _repro(repro: Callable[[list[Violation]], str] | None, unexplained: list[Violation]) -> str:
+        """The repro script, for the example Hypothesis reports only (none while it shrinks, none
+        with ``SWAPSPEC_NO_REPRO=1``); a repro that cannot be made says why instead."""
+        if repro is None or not unexplained or os.environ.get("SWAPSPEC_NO_REPRO") == "1" \
+                or not _final_example():
+            return ""
+        try:
+            return repro(unexplained)
+        except Exception as e:  # a repro that cannot be written must not change the verdict
+            return f"# no repro: {type(e).__name__}: {e}\n"
+
+
+REPRO_SECTION = "swapspec standalone repro"
+
+
+def _final_example() -> bool:
+    """Whether Hypothesis runs the example it reports (true outside a Hypothesis test)."""
+    from hypothesis.control import _current_build_context
+
+    context = _current_build_context.value
+    return context is None or context.is_final

@@ -15,7 +15,13 @@ Options (each also read from an environment variable, then from the ini file):
   profiles ``swapspec-dev``, ``swapspec-ci``, ``swapspec-thorough``, ``swapspec-mutation``
   (no shrinking, for ``.mutation/run``). Without it no profile
   is loaded, so the host project's own choice stands.
-- ``--swapspec-report`` / ``SWAPSPEC_REPORT``: write the conformance table as JSON there.
+- ``--swapspec-report`` / ``SWAPSPEC_REPORT``: write the conformance table as JSON there; each
+  failing cell lists its failures (property, clause, message, repro).
+- ``--swapspec-repro-dir`` / ``SWAPSPEC_REPRO_DIR``: also write each failure's standalone repro
+  to a file there, named after the test id.
+
+A failure's repro is printed as its own section of the failure report, between two separator
+lines and without pytest's ``E`` prefixes, ready to paste.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import importlib.util
 import json
 import os
 import random
+import re
+import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,7 +66,6 @@ for _name, _profile in PROFILES.items():
     settings.register_profile(_name, _profile)
 
 REPORT_KEY = "swapspec"
-REPRO_START = "----- standalone repro (python) -----"
 REPRO_END = "----- end of repro -----"
 
 
@@ -69,6 +76,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--swapspec-profile", default=None,
                     help="Hypothesis profile to load: " + ", ".join(PROFILES))
     group.addoption("--swapspec-report", default=None, help="write the conformance table as JSON")
+    group.addoption("--swapspec-repro-dir", default=None,
+                    help="write each failure's standalone repro to a file in this directory")
     group.addoption("--swapspec-property", default=None,
                     help="run only these property IDs (comma-separated, e.g. FC-TIES,APPLY-TIES)")
     parser.addini("swapspec_target", "default target(s) when neither --swapspec-target nor "
@@ -288,11 +297,15 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> 
     entry = crashes.find(crashitem)
     if entry is None:
         return
-    report.longrepr = (f"{report.longrepr}\n{entry['property']} on target {entry['target']!r}: "
-                       "the interpreter died while the target ran this example.\n\n"
-                       f"{REPRO_START}\n{entry['repro']}\n{REPRO_END}")
+    message = (f"{entry['property']} on target {entry['target']!r}: the interpreter died while "
+               "the target ran this example")
+    report.longrepr = f"{report.longrepr}\n{message}."
+    report.sections.append((deviations.REPRO_SECTION, f"{entry['repro']}{REPRO_END}"))
+    failure = {"property": entry["property"], "clause": "crash", "message": message,
+               "repro": entry["repro"]}
     report.user_properties.append((REPORT_KEY, {"property": entry["property"],
-                                                "target": entry["target"], "deviations": {}}))
+                                                "target": entry["target"], "deviations": {},
+                                                "failures": [failure]}))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -324,8 +337,55 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         counts = getattr(item, "swapspec_deviations", {}) if report.when == "call" else {}
         entry = {"property": pid, "target": target.name,
                  "deviations": {clause: n for (_, _, clause), n in counts.items()}}
+        if report.failed:
+            entry["failures"] = _failures(pid, call, report)
+            _show_repros(item, report, entry["failures"])
         report.user_properties.append((REPORT_KEY, entry))
     return report
+
+
+def _conformance_errors(call: pytest.CallInfo) -> list[deviations.ConformanceError]:
+    """The ConformanceErrors a failed test raised (Hypothesis groups distinct failures)."""
+    if call.excinfo is None:
+        return []
+    pending, found = [call.excinfo.value], []
+    while pending:
+        error = pending.pop(0)
+        if isinstance(error, deviations.ConformanceError):
+            found.append(error)
+        pending += list(getattr(error, "exceptions", ()))
+    return found
+
+
+def _failures(pid: str, call: pytest.CallInfo, report: pytest.TestReport) -> list[dict]:
+    """One ``{property, clause, message, repro}`` per broken rule; any other failure (a stale
+    declaration, an error of the suite) as one entry of clause ``""`` with its message."""
+    errors = _conformance_errors(call)
+    failures = [{"property": pid, "clause": v.clause, "message": v.message, "repro": e.repro}
+                for e in errors for v in e.violations]
+    if not failures:
+        text = str(call.excinfo.value) if call.excinfo is not None else str(report.longrepr)
+        failures.append({"property": pid, "clause": "", "message": " ".join(text.split())[:500],
+                         "repro": ""})
+    return failures
+
+
+def _show_repros(item: pytest.Item, report: pytest.TestReport, failures: list[dict]) -> None:
+    """Add each distinct repro as a section of the report; write it to the repro directory."""
+    repros = list(dict.fromkeys(f["repro"] for f in failures if f["repro"]))
+    directory = _option(item.config, "--swapspec-repro-dir", "SWAPSPEC_REPRO_DIR")
+    for i, script in enumerate(repros):
+        report.sections.append((deviations.REPRO_SECTION, script + REPRO_END))
+        if directory:
+            path = Path(directory) / (_file_name(report.nodeid) + (f"-{i}" if i else "") + ".py")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(script)
+
+
+def _file_name(nodeid: str) -> str:
+    """A file name from a test id: ``test_apply_keeps_ties[torch]`` -> ``test_apply_keeps_ties-torch``."""
+    name = nodeid.rpartition("::")[2]
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -368,14 +428,16 @@ def conformance_table(results: list[dict]) -> dict[str, dict[str, dict]]:
     """``{property: {target: cell}}``; a cell merges every test of that pair.
 
     The worst status wins (pass < skipped < deviation < fail) and brings its own reason;
-    ``tests`` counts distinct test ids, however many reports (setup, call, teardown) each sent.
+    ``tests`` counts distinct test ids, however many reports (setup, call, teardown) each sent;
+    ``failures`` lists every failure of the pair (property, clause, message, repro).
     """
     table: dict[str, dict[str, dict]] = defaultdict(dict)
     rank = {"pass": 0, "skipped": 1, "deviation": 2, "fail": 3}
     seen: dict[tuple[str, str], set[str]] = defaultdict(set)
     for r in results:
         cell = table[r["property"]].setdefault(
-            r["target"], {"status": "pass", "deviations": {}, "reason": "", "tests": 0})
+            r["target"], {"status": "pass", "deviations": {}, "reason": "", "tests": 0,
+                          "failures": []})
         ids = seen[(r["property"], r["target"])]
         ids.add(r.get("nodeid", str(len(ids))))
         cell["tests"] = len(ids)
@@ -384,28 +446,87 @@ def conformance_table(results: list[dict]) -> dict[str, dict[str, dict]]:
             cell["reason"] = r["reason"]
         for clause, n in r["deviations"].items():
             cell["deviations"][clause] = cell["deviations"].get(clause, 0) + n
+        cell["failures"] += r.get("failures", [])
     return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
 
 
-def render_cell(cell: dict) -> str:
-    """One table cell: pass / fail / deviation (count and clauses) / skipped (reason)."""
+TABLE_WIDTH = 100
+STATUS_WORDS = {"pass": "pass", "fail": "FAIL", "deviation": "dev", "skipped": "skip"}
+LONG_NAME = 20  # longer target names are shown as T1, T2... with a legend under the table
+_SKIP_PREFIX = re.compile(r"^(?P<target>.+) declares a skip for \S+: (?P<reason>.*)$", re.S)
+
+
+def cell_note(cell: dict) -> str:
+    """The long text of a cell, shown once as a numbered note under the table: the declared
+    deviations seen and their counts, the skip reason, or the broken rules."""
     if cell["status"] == "deviation":
-        clauses = ", ".join(f"{c}x{n}" for c, n in sorted(cell["deviations"].items()))
-        return f"deviation ({clauses})"
+        return "deviations seen: " + ", ".join(f"{c} x{n}" for c, n in sorted(cell["deviations"].items()))
     if cell["status"] == "skipped":
-        return f"skipped ({cell['reason']})"
-    return cell["status"]
+        match = _SKIP_PREFIX.match(cell["reason"])
+        return (f"{match['target']} declares a skip: {match['reason']}" if match
+                else f"skipped: {cell['reason']}")
+    if cell["status"] == "fail":
+        rules = dict.fromkeys(f"[{f['clause']}] {f['message']}" if f["clause"] else f["message"]
+                              for f in cell.get("failures", []))
+        return ("broken: " + "; ".join(_shortened(r) for r in rules)) if rules else ""
+    return ""
 
 
-def render_table(table: dict[str, dict[str, dict]]) -> list[str]:
+def _shortened(text: str, limit: int = 160) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def render_cell(cell: dict, note: int | None = None) -> str:
+    """One table cell: ``pass``, ``FAIL``, ``dev`` or ``skip``, and its note's number."""
+    word = STATUS_WORDS[cell["status"]]
+    return f"{word} [{note}]" if note is not None else word
+
+
+def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) -> list[str]:
+    """The table in lines of at most ``width`` characters: as many target columns side by side
+    as fit (more in further blocks), each cell's long text as a numbered note under it (the
+    same text once), and a legend for the status words and abbreviated target names."""
     targets = sorted({t for row in table.values() for t in row})
-    header = ["property", *targets]
-    rows = [[pid, *(render_cell(row[t]) if t in row else "-" for t in targets)]
-            for pid, row in table.items()]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = " | ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*header), "-+-".join("-" * w for w in widths),
-            *(fmt.format(*r) for r in rows)]
+    notes: dict[str, int] = {}
+    cells: dict[tuple[str, str], str] = {}
+    for pid, row in table.items():
+        for target in targets:
+            cell = row.get(target)
+            text = cell_note(cell) if cell else ""
+            number = notes.setdefault(text, len(notes) + 1) if text else None
+            cells[(pid, target)] = render_cell(cell, number) if cell else "-"
+    headers = {t: t if len(t) <= LONG_NAME else f"T{i}" for i, t in enumerate(targets, 1)}
+    lines: list[str] = []
+    for block in _column_blocks(table, targets, headers, cells, width):
+        rows = [["property", *(headers[t] for t in block)],
+                *([pid, *(cells[(pid, t)] for t in block)] for pid in table)]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        fmt = " | ".join(f"{{:<{w}}}" for w in widths)
+        lines += [fmt.format(*rows[0]).rstrip(), "-+-".join("-" * w for w in widths),
+                  *(fmt.format(*r).rstrip() for r in rows[1:]), ""]
+    lines += textwrap.wrap("pass: follows the spec; FAIL: breaks it; dev: passes with declared "
+                           "deviations; skip: declared not to apply; -: not run", width)
+    lines += [f"{h} = {t}" for t, h in headers.items() if h != t]
+    for text, number in notes.items():
+        lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ",
+                               subsequent_indent=" " * (len(str(number)) + 3))
+    return lines
+
+
+def _column_blocks(table, targets, headers, cells, width) -> list[list[str]]:
+    """Targets in groups whose table rows fit ``width`` (at least one target per group)."""
+    first = max([len("property"), *map(len, table)])
+    blocks: list[list[str]] = [[]]
+    used = first
+    for t in targets:
+        column = max([len(headers[t]), *(len(cells[(pid, t)]) for pid in table)]) + 3
+        if blocks[-1] and used + column > width:
+            blocks.append([])
+            used = first
+        blocks[-1].append(t)
+        used += column
+    return blocks
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -31,12 +31,12 @@ from swapspec.properties.common import (
 from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, named_tensors
 from swapspec.properties.repro import apply_repro
+from swapspec.properties.standalone import tensor_code
 from swapspec.strategies import (
     conversions,
     flag_settings,
     forward_inputs,
     module_trees,
-    tree_info,
 )
 from swapspec.strategies.conversions import CONVERSIONS
 from swapspec.strategies.trees import WRAPPERS
@@ -63,19 +63,12 @@ def _apply_earlier(target, module, flags, earlier) -> None:
         assume(done.error is None)
 
 
-def _earlier_lines(target, flags, earlier) -> list[str]:
+def _earlier_lines(flags, earlier) -> list[str]:
     """Repro lines that run the earlier conversions the way the example did."""
     lines = []
     for i, conversion in enumerate(earlier):
-        lines += conversion.source(f"fn{i}").splitlines()
-        if target.name.startswith("torch"):
-            lines += [f"torch.__future__.set_overwrite_module_params_on_conversion({flags.overwrite})",
-                      f"torch.__future__.set_swap_module_params_on_conversion({flags.swap})",
-                      f"module._apply(fn{i})"]
-        else:
-            lines += ["from swapspec.properties.targets import load_target",
-                      f"load_target({target.selector!r}).apply(module, fn{i}, "
-                      f"overwrite={flags.overwrite}, swap={flags.swap})"]
+        lines += [f"fn{i} = {conversion.repro}",
+                  f"target_apply(module, fn{i}, overwrite={flags.overwrite}, swap={flags.swap})"]
     return lines
 
 
@@ -88,8 +81,9 @@ def _setup(target, property_id, module, conversion, flags, earlier=()):
 
 
 def _verdict(check: Checker, example: Example, target, *, setup: list[str] = (),
-             extra: list[str] = ()) -> None:
-    check.verdict(partial(apply_repro, example, target, setup=list(setup), extra=list(extra)))
+             extra: list[str] = (), observe: dict[str, str] | None = None) -> None:
+    check.verdict(partial(apply_repro, example, target, setup=list(setup), extra=list(extra),
+                          observe=observe))
 
 
 @spec_property("APPLY-FORWARD")
@@ -116,9 +110,10 @@ def test_apply_module_still_works(target, module, earlier, conversion, flags, in
         check.that(same_output(converted_out, fresh_out), "stale-forward",
                    f"forward after the conversion {_shown(converted_out)}, but a fresh build "
                    f"holding the converted tensors {_shown(fresh_out)}",
-                   code="torch.equal(module(x), fresh(x))")
-    _verdict(check, example, target, setup=_earlier_lines(target, flags, earlier),
-             extra=_fresh_lines(module, inputs[0]))
+                   code="torch.equal(module(x.clone()), fresh(x.clone()))")
+    _verdict(check, example, target, setup=_earlier_lines(flags, earlier),
+             extra=_fresh_lines(inputs[0]),
+             observe={"forward": "describe(converted_out)", "fresh forward": "describe(fresh_out)"})
 
 
 def _shown(outcome: Outcome) -> str:
@@ -128,17 +123,17 @@ def _shown(outcome: Outcome) -> str:
     return f"returned a {type(out).__name__} {out.dtype} {tuple(out.shape)}"
 
 
-def _fresh_lines(module: torch.nn.Module, x: torch.Tensor) -> list[str]:
+def _fresh_lines(x: torch.Tensor) -> list[str]:
     return [
-        f"x = torch.tensor({x.tolist()!r})",
-        "# the same tree, built afresh, holding clones of the converted tensors:",
-        *tree_info(module).source("fresh").splitlines(),
+        f"x = {tensor_code(x)}",
+        "fresh = build_module()  # the same tree, built afresh, holding clones of the converted tensors:",
         "clones = {}",
         "for name, t in named(module).items():  # one clone per object: ties stay ties",
         "    owner, _, key = name.rpartition('.')",
         "    c = clones.setdefault(id(t), torch.nn.Parameter(t.detach().clone(), t.requires_grad)"
         " if isinstance(t, torch.nn.Parameter) else t.detach().clone())",
         "    setattr(fresh.get_submodule(owner) if owner else fresh, key, c)",
+        "converted_out, fresh_out = outcome(lambda: module(x.clone())), outcome(lambda: fresh(x.clone()))",
     ]
 
 
@@ -188,8 +183,9 @@ def test_apply_keeps_tensor_hooks(target, module, earlier, conversion, flags, in
                                    code=f"fired[{key!r}] == {int(got_grad)}")
     names = [names_of[id(p)][0] for p in params]
     _verdict(check, example, target,
-             setup=[*_hook_lines(names, "before"), *_earlier_lines(target, flags, earlier)],
-             extra=[*_hook_lines(names, "after"), *_backward_lines(inputs[0])])
+             setup=[*_hook_lines(names, "before"), *_earlier_lines(flags, earlier)],
+             extra=[*_hook_lines(names, "after"), *_backward_lines(inputs[0])],
+             observe={"hooks fired": "dict(sorted(fired.items()))"})
 
 
 def _hook_lines(names: list[str], when: str) -> list[str]:
@@ -205,7 +201,7 @@ def _hook_lines(names: list[str], when: str) -> list[str]:
 
 
 def _backward_lines(x: torch.Tensor) -> list[str]:
-    return [f"out = module(torch.tensor({x.tolist()!r}))",
+    return [f"out = module({tensor_code(x)})",
             "if out.requires_grad:", "    out.float().sum().backward()"]
 
 
@@ -267,4 +263,5 @@ def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, opt
     names = [names_of[id(p)] for p in params]
     _verdict(check, example, target, setup=[
         f"opt = torch.optim.{optimizer}([named(module)[n] for n in {names!r}], lr=0.1)",
-        "opt.zero_grad(set_to_none=True)", *_backward_lines(inputs[0]), "opt.step()"])
+        "opt.zero_grad(set_to_none=True)", *_backward_lines(inputs[0]), "opt.step()"],
+        observe={"optimizer holds": "[describe(p, labels(snap)) for p in opt.param_groups[0]['params']]"})

@@ -104,7 +104,7 @@ def _raised_as_expected(check: Checker, outcome: Outcome, expected: ExpectedErro
     check.that(error is not None and expected.matches(error), clause,
                f"want {expected.type.__name__}: {expected.message!r}; got "
                + (f"{type(error).__name__}: {error}" if error else "no error"),
-               code="isinstance(out, Exception)")
+               code=f"isinstance(out, {expected.type.__name__})")
 
 
 def _no_call_error(check: Checker, outcome: Outcome, module, filled, call) -> None:
@@ -325,7 +325,32 @@ def test_fc_input_forms(target, data):
         expected = merge_inputs(overlap)
         _raised_as_expected(check, _call(target, module, call, tensors=overlap, kwargs=fresh_kwargs(call)),
                             expected, "overlap-accepted")
-    _verdict(check, example, target)
+    check.verdict(partial(call_repro, example, target, calls=_forms_lines(call, cut),
+                          observe={"form outputs": "observed_forms"}))
+
+
+def _forms_lines(call, cut: int) -> list[str]:
+    """Repro lines for FC-INPUT-FORMS: each form on a fresh build, then the overlapping split
+    on the module (``out``)."""
+    run = (f"args, dict(kwargs, report=[]) if 'report' in kwargs else kwargs, "
+           f"tie_weights={call.tie_weights}, strict={call.strict})")
+    return [
+        f"items, cut = list(entries(tensors).items()), {cut}",
+        "forms = {'dict': dict(items), 'tuple': (dict(items),),",
+        "         'split': (dict(items[:cut]), dict(items[cut:]))}",
+        "form_outputs = {}",
+        "for label, form in forms.items():  # each form on a fresh build, given fresh clones",
+        "    clones = {}",
+        "    form = tuple({k: clones.setdefault(id(v), v.detach().clone().requires_grad_(v.requires_grad)"
+        " if isinstance(v, torch.Tensor) else v) for k, v in d.items()} for d in (form if isinstance(form, tuple) else (form,)))",
+        "    form = form if isinstance(forms[label], tuple) else form[0]",
+        f"    form_outputs[label] = describe(outcome(lambda: target_functional_call(build_module(), form, {run}))",
+        "overlap = (dict(items[:cut + 1]), dict(items[max(cut, 1) - 1:]))  # names given twice",
+        f"out = outcome(lambda: target_functional_call(module, overlap, {run}) if items else None",
+        "if isinstance(out, Exception):",
+        "    print('raised', type(out).__name__, out)",
+        "observed_forms = {f'the {label} form gives': o for label, o in form_outputs.items()}",
+    ]
 
 
 def _clone_inputs(tensors):
@@ -369,11 +394,12 @@ def test_fc_write_back(target, data):
         caller = sources[name][name]
         if now is loaded_objects[name]:
             check.that(caller is given[name] and same_values(caller, now), "in-place-lost",
-                       f"the in-place update of {name!r} did not land on the caller's tensor")
+                       f"the in-place update of {name!r} did not land on the caller's tensor",
+                       code=f"entries(tensors)[{name!r}] is given[{name!r}]")
         else:
             check.that(caller is not given[name] and same_values(caller, now), "rebind-lost",
                        f"forward rebound {name!r} but the caller's mapping did not get the new object",
-                       code=f"tensors_source[{name!r}] is not given")
+                       code=f"entries(tensors)[{name!r}] is not given[{name!r}]")
     _verdict(check, example, target)
 
 

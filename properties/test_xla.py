@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import torch
@@ -73,14 +74,10 @@ def _setup(target, property_id, module, conversion, flags):
     return example, check, snap
 
 
-def _verdict(check: Checker, example: Example, target, before: str = "") -> None:
-    def repro(violations: list[Violation]) -> str:
-        script = apply_repro(example, target, violations)
-        if before:
-            script = script.replace("before = named(module)", f"{before}\nbefore = named(module)", 1)
-        return REPRO_HEADER + script
-
-    check.verdict(repro)
+def _verdict(check: Checker, example: Example, target, before: tuple[str, ...] = ()) -> None:
+    """The verdict, with a repro whose setup selects the XLA CPU device, then runs ``before``."""
+    setup = ["import os", "os.environ.setdefault('PJRT_DEVICE', 'CPU')", *before]
+    check.verdict(partial(apply_repro, example, target, setup=setup))
 
 
 def _on_xla(t: torch.Tensor) -> bool:
@@ -265,8 +262,9 @@ def test_xla_dtype_change_path(target, xla, module, conversion, flags):
                 continue
             path = expected_path(before, expected, flags.overwrite, flags.swap)
             check_path(check, name, before, now, snap.cdata[id(before)], path)
-    _verdict(check, example, target, before="from swapspec import reference\nreference.apply(module, "
-             "lambda t: t.to(xla_device()), overwrite=False, swap=False)")
+    _verdict(check, example, target, before=(
+        "from swapspec import reference  # the move to XLA, as the property makes it",
+        "reference.apply(module, lambda t: t.to(xla_device()), overwrite=False, swap=False)"))
 
 
 @spec_property("XLA-FUNCTIONAL-CALL")

@@ -464,6 +464,14 @@ def _wrap(root: nn.Module, wrapper: str) -> nn.Module:
     return root
 
 
+def training_input(spec: TreeSpec) -> Tensor:
+    """The input of the tree's training step (``spec.trained``): the draw from the tree's generator
+    that follows the nominal tree's tensors."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    _build_node(spec.root, "", gen, {})
+    return tensor_values((M.BATCH, M.FEATURES), "float32", gen)
+
+
 def _train_once(root: nn.Module, gen: torch.Generator, *, create_graph: bool) -> None:
     """One forward on values from ``gen`` and ``backward()`` of its sum: real grads, sparse ones for
     a sparse embedding, graph-carrying ones with ``create_graph``. Grad mode is on for it."""

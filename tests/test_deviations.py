@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections import Counter
 from types import SimpleNamespace
 
@@ -9,8 +11,10 @@ import pytest
 import torch
 
 from swapspec.properties import deviations
+from swapspec.properties import ids as property_ids
 from swapspec.properties.deviations import Checker, ConformanceError, Deviation, version_in_range
-from swapspec.properties.plugin import conformance_table, render_cell, render_table
+from swapspec.properties.plugin import cell_note, conformance_table, render_cell, render_table
+from swapspec.properties.targets import BUILTIN_NAMES, builtin_target
 
 # ---- version_in_range ----------------------------------------------------------------------
 
@@ -89,7 +93,10 @@ def test_unexplained_violation_raises_with_rule_and_repro():
     assert text.startswith("APPLY-TIES on target 'planted':")
     assert "  broken rule [tie-split]: names a, b hold 2 objects" in text
     assert "fine" not in text
-    assert "Standalone repro" in text and text.endswith("print('repro body')")
+    assert text.endswith("standalone repro: printed below as 'swapspec standalone repro'")
+    assert "repro body" not in text  # the script is a report section, not part of the message
+    assert e.value.repro == "print('repro body')"
+    assert [v.clause for v in e.value.violations] == ["tie-split"]
     assert seen == [["tie-split"]]
     assert not deviations.OBSERVED
 
@@ -100,7 +107,7 @@ def test_no_repro_env_var_leaves_the_repro_out(monkeypatch):
     check.that(False, "tie-split", "split")
     with pytest.raises(ConformanceError) as e:
         check.verdict(lambda v: "print('repro body')")
-    assert "Standalone repro" not in str(e.value)
+    assert "standalone repro" not in str(e.value) and e.value.repro == ""
     assert "broken rule [tie-split]" in str(e.value)
 
 
@@ -177,8 +184,9 @@ def test_table_merges_tests_of_one_pair():
         _result("P", "t", "pass"),
     ])
     assert table == {"P": {"t": {"status": "deviation", "deviations": {"a": 3, "b": 4},
-                                 "reason": "", "tests": 4}}}
-    assert render_cell(table["P"]["t"]) == "deviation (ax3, bx4)"
+                                 "reason": "", "tests": 4, "failures": []}}}
+    assert render_cell(table["P"]["t"], 1) == "dev [1]"
+    assert cell_note(table["P"]["t"]) == "deviations seen: a x3, b x4"
 
 
 @pytest.mark.parametrize(("statuses", "worst"), [
@@ -203,10 +211,51 @@ def test_table_keeps_skip_reason_and_sorts():
     ])
     assert list(table) == ["A-PROP", "Z-PROP"]
     assert list(table["A-PROP"]) == ["a", "b"]
-    assert render_cell(table["A-PROP"]["b"]) == "skipped (does not apply)"
-    assert render_cell(table["A-PROP"]["a"]) == "fail"
+    assert render_cell(table["A-PROP"]["b"], 2) == "skip [2]"
+    assert cell_note(table["A-PROP"]["b"]) == "skipped: does not apply"
+    assert render_cell(table["A-PROP"]["a"]) == "FAIL"
     assert render_cell(table["Z-PROP"]["b"]) == "pass"
     lines = render_table(table)
     assert [c.strip() for c in lines[0].split(" | ")] == ["property", "a", "b"]
+    assert [c.strip() for c in lines[2].split(" | ")] == ["A-PROP", "FAIL", "skip [1]"]
     assert [c.strip() for c in lines[3].split(" | ")] == ["Z-PROP", "-", "pass"]
-    assert len({len(line) for line in lines}) == 1
+    assert "[1] skipped: does not apply" in lines
+
+
+def _worst_cells(target) -> dict[str, dict]:
+    """Every property's cell for ``target`` at its longest: every clause it declares seen
+    (counts in the thousands), its declared skips, a long failure elsewhere."""
+    cells = {}
+    for pid in property_ids.ALL:
+        clauses = {c: 1234 for d in target.deviations if pid in d.property_ids for c in d.clauses}
+        cell = {"status": "pass", "deviations": {}, "reason": "", "tests": 1, "failures": []}
+        if pid in target.skips:
+            cell.update(status="skipped", reason=f"{target.name} declares a skip for {pid}: "
+                        f"{target.skips[pid]}")
+        elif clauses:
+            cell.update(status="deviation", deviations=clauses)
+        else:
+            cell.update(status="fail", failures=[{"property": pid, "clause": "not-restored",
+                                                  "message": "slot 'a.b.c' holds another object " * 9,
+                                                  "repro": ""}])
+        cells[pid] = cell
+    return cells
+
+
+def test_table_of_every_property_and_builtin_target_fits_100_columns():
+    targets = [builtin_target(name) for name in BUILTIN_NAMES]
+    long_named = dataclasses.replace(targets[1], name="a-third-party-target-with-a-long-name")
+    by_target = {t.name: _worst_cells(t) for t in [*targets, long_named]}
+    table = {pid: {name: cells[pid] for name, cells in by_target.items()} for pid in property_ids.ALL}
+    lines = render_table(table)
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    assert sum(line.startswith("property ") for line in lines) >= 1
+    shown = " ".join(lines)
+    for name in by_target:  # every target is shown, by name or in the legend
+        assert name in shown
+    for pid in property_ids.ALL:  # every property is a row of every block
+        assert sum(line.split(" ")[0] == pid for line in lines) == sum(
+            line.startswith("property ") for line in lines)
+    notes = [line for line in lines if re.match(r"\[\d+\] ", line)]
+    texts = [cell_note(c) for cells in by_target.values() for c in cells.values() if cell_note(c)]
+    assert len(notes) == len(set(texts))  # each long text once

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from swapspec.properties.plugin import render_cell
+from swapspec.properties.plugin import STATUS_WORDS, cell_note
+from swapspec.properties.repro import retargeted
+from swapspec.properties.targets import builtin_target
+from tests.repro_scripts import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 PLANTED = "tests.planted.broken_reference"
@@ -40,6 +43,7 @@ class Run:
     stderr: str
     report: dict | None = None
     outcomes: dict[str, tuple[str, str]] | None = None  # junit name -> (outcome, text)
+    repro_dir: Path | None = None
 
     @property
     def output(self) -> str:
@@ -80,9 +84,11 @@ def _junit_outcomes(path: Path) -> dict[str, tuple[str, str]]:
 
 
 def _planted_run(tmp: Path, *extra: str) -> Run:
-    report, junit = tmp / "r.json", tmp / "junit.xml"
+    report, junit, repros = tmp / "r.json", tmp / "junit.xml", tmp / "repros"
     run = run_pytest(tmp, *MIXED, f"--swapspec-target={TARGETS}", "-p", "tests.planted.fast_profile",
-                     f"--swapspec-report={report}", f"--junitxml={junit}", "-rA", *extra)
+                     f"--swapspec-report={report}", f"--junitxml={junit}", "-rA",
+                     f"--swapspec-repro-dir={repros}", *extra)
+    run.repro_dir = repros
     if report.exists():
         run.report = json.loads(report.read_text())
     if junit.exists():
@@ -100,24 +106,46 @@ def planted_xdist(tmp_path_factory) -> Run:
     return _planted_run(tmp_path_factory.mktemp("planted-xdist"), "-n", "2")
 
 
-def parse_table(output: str) -> tuple[str, dict[str, dict[str, str]]]:
-    """The torch version line and ``{property: {target: cell}}`` of the printed table."""
+def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]]:
+    """The torch version line and ``{property: {target: (status word, note text)}}`` of the
+    printed table (its blocks joined, abbreviated names and note numbers resolved); every line
+    of the report fits 100 columns."""
     lines = output.splitlines()
     starts = [i for i, line in enumerate(lines) if "swapspec conformance report" in line]
     assert len(starts) == 1, f"want the report printed once, found {len(starts)}"
     i = starts[0] + 1
-    version = lines[i]
-    header = [c.strip() for c in lines[i + 1].split(" | ")]
-    assert header[0] == "property"
-    assert set(lines[i + 2]) <= {"-", "+"}
+    version, i = lines[i], i + 1
+    cells: dict[str, dict[str, str]] = {}
+    while lines[i].startswith("property "):
+        header = [c.strip() for c in lines[i].split(" | ")]
+        assert set(lines[i + 1]) <= {"-", "+"}
+        i += 2
+        while lines[i].strip():
+            row = [c.strip() for c in lines[i].split(" | ")]
+            assert len(row) == len(header), lines[i]
+            cells.setdefault(row[0], {}).update(zip(header[1:], row[1:], strict=True))
+            i += 1
+        i += 1
+    report = []
+    while i < len(lines) and not lines[i].startswith(("=", "swapspec: wrote")):
+        report.append(lines[i])
+        i += 1
+    assert all(len(line) <= 100 for line in lines[starts[0] + 1:i]), "the report is wider than 100"
+    legend = dict(re.findall(r"^(T\d+) = (.+)$", "\n".join(report), re.M))
+    notes = {n: " ".join(t.split()) for n, t in re.findall(
+        r"^\[(\d+)\] (.*?)(?=^\[\d+\] |\Z)", "\n".join(report), re.M | re.S)}
     table = {}
-    for line in lines[i + 3:]:
-        if not line.strip() or line.startswith(("=", "swapspec: wrote")):
-            break
-        cells = [c.strip() for c in line.split(" | ")]
-        assert len(cells) == len(header), line
-        table[cells[0]] = dict(zip(header[1:], cells[1:], strict=True))
+    for pid, row in cells.items():
+        table[pid] = {}
+        for head, cell in row.items():
+            word, _, number = cell.partition(" [")
+            table[pid][legend.get(head, head)] = (word, notes[number.rstrip("]")] if number else "")
     return version, table
+
+
+def shown(cell: dict) -> tuple[str, str]:
+    """What the terminal table shows for a JSON cell: its status word and note text."""
+    return STATUS_WORDS[cell["status"]], " ".join(cell_note(cell).split())
 
 
 # ---- 1. a planted bug fails the run with a runnable repro ------------------------------
@@ -130,20 +158,16 @@ def _failure_text(run: Run, target: str) -> str:
     return text
 
 
+REPRO_HEADER = re.compile(r"^-+ swapspec standalone repro -+$")
+REPRO_END = "----- end of repro -----"
+
+
 def extract_repro(output: str) -> str:
-    """The script after 'Standalone repro' in the terminal failure section (``E`` lines)."""
+    """The first repro section of a failure report: the lines between its separator lines."""
     lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("E") and "Standalone repro" in line)
-    body = []
-    for line in lines[start + 1:]:
-        if not line.startswith("E"):
-            break
-        text = line[8:] if len(line) > 8 else ""
-        if text.startswith(("Failing test case", "Falsifying", "Explanation", "You can reproduce")):
-            break
-        body.append(text)
-    return "\n".join(body).strip() + "\n"
+    start = next(i for i, line in enumerate(lines) if REPRO_HEADER.match(line))
+    end = lines.index(REPRO_END, start)
+    return "\n".join(lines[start + 1:end]) + "\n"
 
 
 def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
@@ -151,39 +175,33 @@ def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
     text = _failure_text(planted, "broken-tie-split")
     assert "APPLY-TIES on target 'broken-tie-split'" in text
     assert "broken rule [parameter-tie-split]" in text
-    assert "Standalone repro" in text
+    assert "standalone repro: printed below as 'swapspec standalone repro'" in text
     section = planted.stdout.split("test_apply_keeps_ties[broken-tie-split]", 1)[1]
     assert "broken rule [parameter-tie-split]" in section
-    assert f"load_target('{PLANTED}:tie_split')" in section
+    repro = extract_repro(section)
+    assert "importlib.import_module('tests.planted.broken_reference'), 'tie_split'" in repro
+    assert not any(line.startswith("E ") for line in repro.splitlines())
+    compile(repro, "repro", "exec")  # nothing of Hypothesis' text is inside it
 
 
-RUN_BOTH = """
-import sys
-src = sys.stdin.read()
-for label, code in (("planted", src), ("reference", src.replace(sys.argv[1], "reference"))):
-    try:
-        exec(compile(code, label, "exec"), {"__name__": "__main__"})
-    except AssertionError as e:
-        print(label, "AssertionError:", e)
-    else:
-        print(label, "ran clean")
-"""
+def test_printed_repro_is_the_file_written_to_the_repro_dir(planted):
+    section = planted.stdout.split("_ test_apply_keeps_ties[broken-tie-split] _", 1)[1]
+    written = planted.repro_dir / "test_apply_keeps_ties-broken-tie-split.py"
+    assert written.read_text() == extract_repro(section)
+    assert sorted(p.name for p in planted.repro_dir.iterdir()) == [
+        "test_apply_keeps_ties-broken-tie-split.py"]  # a stale declaration has no repro
 
 
 def test_printed_repro_runs_and_shows_the_bug_only_on_the_planted_target(planted, tmp_path):
     section = planted.stdout.split("_ test_apply_keeps_ties[broken-tie-split] _", 1)[1]
     repro = extract_repro(section)
-    assert repro.count(f"{PLANTED}:tie_split") == 1
-    assert repro.rstrip().splitlines()[-1].startswith("assert ")
-    proc = subprocess.run([sys.executable, "-c", RUN_BOTH, f"{PLANTED}:tie_split"], input=repro,
-                          cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 2, proc.stdout
-    assert re.fullmatch(r"planted AssertionError: tied parameter names \[.+\] now hold [2-9] objects",
-                        lines[0]), lines[0]
-    assert lines[1] == "reference ran clean"
+    assert repro.rstrip().splitlines()[-1].startswith("assert")
+    planted_run = run_script(repro, tmp_path, pythonpath=REPO)
+    assert planted_run.returncode == 1
+    assert re.search(r"AssertionError: tied parameter names \[.+\] now hold [2-9] objects",
+                     planted_run.stderr), planted_run.stderr[-2000:]
+    reference_run = run_script(retargeted(repro, builtin_target("reference")), tmp_path)
+    assert reference_run.returncode == 0, reference_run.stderr[-2000:]
 
 
 # ---- 2. and 3. stale and covered deviations --------------------------------------------
@@ -200,14 +218,15 @@ def test_observed_declared_deviation_passes_and_is_counted(planted):
     assert planted.outcomes["test_apply_keeps_ties[declared-tie-split]"][0] == "passed"
     assert planted.outcomes["test_apply_keeps_ties[reference]"][0] == "passed"
     _, table = parse_table(planted.stdout)
-    cell = table["APPLY-TIES"]["declared-tie-split"]
-    assert re.fullmatch(r"deviation \(parameter-tie-splitx[1-9]\d*\)", cell), cell
+    word, note = table["APPLY-TIES"]["declared-tie-split"]
+    assert word == "dev" and re.fullmatch(r"deviations seen: parameter-tie-split x[1-9]\d*", note), note
     json_cell = planted.report["table"]["APPLY-TIES"]["declared-tie-split"]
     assert json_cell["status"] == "deviation"
     assert json_cell["deviations"]["parameter-tie-split"] >= 1
-    assert table["APPLY-TIES"]["reference"] == "pass"
-    assert table["APPLY-TIES"]["broken-tie-split"] == "fail"
-    assert table["APPLY-TIES"]["stale-declaration"] == "fail"
+    assert table["APPLY-TIES"]["reference"] == ("pass", "")
+    assert table["APPLY-TIES"]["broken-tie-split"][0] == "FAIL"
+    assert table["APPLY-TIES"]["broken-tie-split"][1].startswith("broken: [parameter-tie-split] tied")
+    assert table["APPLY-TIES"]["stale-declaration"][0] == "FAIL"
 
 
 # ---- 4. the JSON report matches the table, serially and under xdist --------------------
@@ -224,15 +243,28 @@ def _check_report_matches_table(run: Run) -> None:
                        "declared-tie-split", "stale-declaration"}
     for pid, row in table.items():
         assert set(row) == targets
-        for target, shown in row.items():
-            expected = render_cell(want[pid][target]) if target in want[pid] else "-"
-            assert shown == expected, (pid, target)
-    assert table["FC-INPUT-FORMS"]["reference"] == "-"
+        for target, shown_cell in row.items():
+            assert shown_cell == (shown(want[pid][target]) if target in want[pid] else ("-", "")), (
+                pid, target)
+    assert table["FC-INPUT-FORMS"]["reference"] == ("-", "")
     assert all(cell["tests"] == 1 for row in want.values() for cell in row.values())
 
 
 def test_json_report_matches_terminal_table(planted):
     _check_report_matches_table(planted)
+
+
+def test_json_report_gives_each_failure_its_property_clause_message_and_repro(planted):
+    failures = planted.report["table"]["APPLY-TIES"]["broken-tie-split"]["failures"]
+    assert [(f["property"], f["clause"]) for f in failures] == [("APPLY-TIES", "parameter-tie-split")]
+    assert re.fullmatch(r"tied parameter names \[.+\] now hold [2-9] objects", failures[0]["message"])
+    written = planted.repro_dir / "test_apply_keeps_ties-broken-tie-split.py"
+    assert failures[0]["repro"] == written.read_text()
+    stale = planted.report["table"]["APPLY-TIES"]["stale-declaration"]["failures"]
+    assert [(f["clause"], f["repro"]) for f in stale] == [("", "")]
+    assert stale[0]["message"].startswith(
+        "APPLY-TIES on target 'stale-declaration': stale deviation [parameter-tie-split]")
+    assert planted.report["table"]["APPLY-TIES"]["reference"]["failures"] == []
 
 
 def test_json_report_matches_terminal_table_under_xdist(planted_xdist, planted):
@@ -265,7 +297,8 @@ def test_bad_target_is_one_line_usage_error(tmp_path, spec, message):
 def test_declared_skip_shows_in_table_with_reason(planted):
     assert planted.outcomes["test_fc_input_forms[torch-stateless]"][0] == "skipped"
     _, table = parse_table(planted.stdout)
-    assert table["FC-INPUT-FORMS"]["torch-stateless"] == f"skipped ({STATELESS_REASON})"
+    assert table["FC-INPUT-FORMS"]["torch-stateless"] == (
+        "skip", "torch-stateless declares a skip: " + STATELESS_REASON.split(": ", 1)[1])
     cell = planted.report["table"]["FC-INPUT-FORMS"]["torch-stateless"]
     assert (cell["status"], cell["reason"]) == ("skipped", STATELESS_REASON)
 
@@ -482,7 +515,7 @@ def test_a_crashing_target_fails_one_property_with_its_repro(tmp_path):
     assert "1 failed, 2 passed" in run.stdout.splitlines()[-1], run.output[-3000:]
     assert "crashed while running" in run.output
     assert "APPLY-TIES on target 'crashing': the interpreter died" in run.output
-    assert "load_target('tests.planted.crashing')" in run.output
+    assert "importlib.import_module('tests.planted.crashing')" in run.output
     table = json.loads(report.read_text())["table"]
     assert table["APPLY-TIES"]["crashing"]["status"] == "fail"
     assert table["APPLY-TIES"]["reference"]["status"] == "pass"

@@ -3,6 +3,7 @@ for ``FakeTensor`` parameters."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -16,6 +17,7 @@ from swapspec.strategies.trees import (
     TieSpec,
     TreeSpec,
     build_tree,
+    tree_info,
 )
 
 TIED = TreeSpec(
@@ -102,3 +104,14 @@ def test_parameter_attributes_survive_beside_a_subclass_result():
     reference.apply(m, lambda t: TwoTensor(t + 1, t + 2), overwrite=False, swap=False)
     assert m.w.tag == "kept"
     assert torch.equal(m.w.a, torch.full((2, 2), 2.0)), "the subclass's own attributes win"
+
+
+@pytest.mark.parametrize("world", ["meta", "fake", "two-tensor"])
+def test_standalone_repro_builds_the_same_world(world):
+    """The plain-torch builder of the repros replays the world: same classes, ties and values."""
+    from tests.test_repro import _built_from_source, _same_tree
+
+    module = _world(world)
+    rebuilt = _built_from_source(module)
+    _same_tree(rebuilt, build_tree(tree_info(module).spec))
+    assert type(rebuilt[0].p0) is type(module[0].p0)

@@ -8,6 +8,11 @@ Select one with ``--swapspec-target=tests.planted.broken_reference:<attribute>``
 - ``tie_split_declared``: the same bug, declared exactly as a deviation.
 - ``no_restore``: ``functional_call`` copies the reference's but does not put the
   original parameters back after the call. Breaks FC-RESTORE (``not-restored``).
+- ``overlap_accepted``: ``functional_call`` merges a tuple of dicts, accepting a name given
+  twice. Breaks FC-INPUT-FORMS (``overlap-accepted``).
+- ``reordered``: ``functional_call`` leaves the root's ``_parameters`` in reverse order.
+  Breaks FC-RESTORE (``not-restored``).
+- ``torch_named``: ``tie_split`` named ``torchmylib``.
 - ``stale``: the reference itself, declaring a deviation it does not have.
 - ``not_a_target``: an object without ``apply``.
 """
@@ -82,3 +87,35 @@ stale = SimpleNamespace(
 )
 
 not_a_target = SimpleNamespace(name="half-a-target", functional_call=reference.functional_call)
+
+
+def overlap_merging_functional_call(module, tensors, args=None, kwargs=None, *,
+                                    tie_weights=True, strict=False):
+    """The reference's functional_call on a tuple of dicts merged (the later dict wins), so a
+    name given twice is accepted."""
+    if isinstance(tensors, tuple | list):
+        tensors = {k: v for d in tensors for k, v in d.items()}
+    return reference.functional_call(module, tensors, args, kwargs, tie_weights=tie_weights,
+                                     strict=strict)
+
+
+def reordering_functional_call(module, tensors, args=None, kwargs=None, *, tie_weights=True,
+                               strict=False):
+    """The reference's functional_call, then the root's ``_parameters`` in reverse order."""
+    try:
+        return reference.functional_call(module, tensors, args, kwargs, tie_weights=tie_weights,
+                                         strict=strict)
+    finally:
+        for key in reversed(list(module._parameters)):
+            module._parameters[key] = module._parameters.pop(key)
+
+
+overlap_accepted = SimpleNamespace(name="broken-overlap-accepted", apply=reference.apply,
+                                   functional_call=overlap_merging_functional_call)
+
+reordered = SimpleNamespace(name="broken-reordered", apply=reference.apply,
+                            functional_call=reordering_functional_call)
+
+# A third-party target whose name starts with "torch": its repros still call its own code.
+torch_named = SimpleNamespace(name="torchmylib", apply=tie_splitting_apply,
+                              functional_call=reference.functional_call)
