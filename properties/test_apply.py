@@ -30,13 +30,14 @@ from swapspec.properties.common import (
 )
 from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, alias_groups, named_tensors, same_values, slots
+from swapspec.properties.plugged import with_conversions, with_modules
 from swapspec.properties.repro import apply_repro
 from swapspec.strategies import conversions, flag_settings, module_trees, value_changing_conversions
 from swapspec.strategies.conversions import raising_conversion
 from swapspec.strategies.trees import WRAPPERS
 
-trees = module_trees(wrappers=WRAPPERS)  # functional_call refuses DataParallel; _apply does not
-plain_conversions = conversions(raising=False)
+trees = with_modules(module_trees(wrappers=WRAPPERS))  # functional_call refuses DataParallel; _apply does not
+plain_conversions = with_conversions(conversions(raising=False))
 
 
 def _setup(target, property_id, module, conversion, flags, recurse=True, fn_may_raise=False):

@@ -21,6 +21,7 @@ from torch.nn.utils import parametrize
 from swapspec.properties.common import (
     Outcome,
     attempt,
+    call_target,
     check_untouched,
     clone_value,
     copy_outcome,
@@ -31,6 +32,7 @@ from swapspec.properties.common import (
     module_state,
     same_output,
     spec_property,
+    target_call_inputs,
     watch_forward,
 )
 from swapspec.properties.deviations import Checker
@@ -44,18 +46,18 @@ from swapspec.properties.oracle import (
     slot_of,
     tie_groups,
 )
+from swapspec.properties.plugged import with_modules
 from swapspec.properties.repro import call_repro
 from swapspec.strategies import (
     CallInput,
     ForwardError,
-    call_inputs,
     forward_inputs,
     module_trees,
     tree_info,
 )
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 
-trees = module_trees()
+trees = with_modules(module_trees())
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
 updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50)
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
@@ -66,7 +68,7 @@ tied_trees = module_trees(tie_chance=100, lazy=False)
 def _draw(data, property_id: str, target, *, clonable=False, module_strategy=trees, **options):
     """Draw a module and a call; ``clonable`` rules out giving uninitialized parameters."""
     module = data.draw(module_strategy, label="module")
-    call = data.draw(call_inputs(module, forms=target.call_forms, **options), label="call")
+    call = data.draw(target_call_inputs(target, module, **options), label="call")
     if clonable:
         assume(not any(is_uninitialized(v) for v in call.merged().values()))
     example = Example(module, call=call)
@@ -79,8 +81,8 @@ def _expected(module, call, tensors=None) -> dict[str, Any] | ExpectedError:
 
 
 def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome:
-    return attempt(lambda: target.functional_call(
-        module, call.tensors if tensors is None else tensors,
+    return attempt(lambda: call_target(
+        target, module, call.tensors if tensors is None else tensors,
         call.args if args is None else args, call.kwargs if kwargs is None else kwargs,
         tie_weights=call.tie_weights, strict=call.strict))
 

@@ -9,7 +9,7 @@ Select one with ``--swapspec-target=tests.planted.broken_reference:<attribute>``
 - ``no_restore``: ``functional_call`` copies the reference's but does not put the
   original parameters back after the call. Breaks FC-RESTORE (``not-restored``).
 - ``stale``: the reference itself, declaring a deviation it does not have.
-- ``not_a_target``: an object without ``apply``.
+- ``not_a_target``: an object with a name but neither ``apply`` nor ``functional_call``.
 """
 
 from __future__ import annotations
@@ -81,4 +81,4 @@ stale = SimpleNamespace(
                           "planted: the reference never splits ties, so this is stale")],
 )
 
-not_a_target = SimpleNamespace(name="half-a-target", functional_call=reference.functional_call)
+not_a_target = SimpleNamespace(name="half-a-target")
