@@ -17,7 +17,11 @@ and optionally the data the suite reads next to it:
 - ``conversions``: a Hypothesis strategy of ``swapspec.strategies.Conversion`` (its own
   tensor subclass, its device move), drawn alongside the built-in conversions;
 - ``modules``: a Hypothesis strategy of ``swapspec.strategies.HostModule`` (its own
-  ``nn.Module`` s), drawn alongside the built-in module trees.
+  ``nn.Module`` s), drawn alongside the built-in module trees;
+- ``exact_messages``: True to be held to torch's exact error type and wording (the built-in
+  targets are). Otherwise an error is checked by type, by the keys its message names and by the
+  module being left untouched (``properties.oracle.ExpectedError``), so a host need not copy
+  torch's sentences.
 
 What a target implements (``Target.has``): each of ``FEATURES``. A callable feature
 (``apply``, ``functional_call``, ``load_state_dict``) is there when the object has it (not
@@ -80,6 +84,7 @@ class Target:
     lacks: frozenset[str] = frozenset()
     conversions: Any = None  # a strategy of Conversion, or None
     modules: Any = None  # a strategy of HostModule, or None
+    exact_messages: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lacks", frozenset(self.lacks))
@@ -159,21 +164,22 @@ STATELESS_SKIPS = {
 
 def builtin_target(name: str) -> Target:
     """The built-in target called ``name``."""
-    if name == "reference":
-        return from_object(reference)
+    if name == "reference":  # swapspec's own: it keeps torch's wording, and is held to it
+        return dataclasses.replace(from_object(reference), exact_messages=True)
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS)
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS, exact_messages=True)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
                       deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS,
                       skips=STATELESS_SKIPS,
-                      call_forms=("dict",))
+                      call_forms=("dict",), exact_messages=True)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 
 
-OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules")
+OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",
+                 "exact_messages")
 
 
 def from_object(obj: Any) -> Target:

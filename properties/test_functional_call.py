@@ -102,9 +102,11 @@ def _verdict(check: Checker, example: Example, target) -> None:
 
 def _raised_as_expected(check: Checker, outcome: Outcome, expected: ExpectedError,
                         clause: str) -> None:
-    error = outcome.error
-    check.that(error is not None and expected.matches(error), clause,
-               f"want {expected.type.__name__}: {expected.message!r}; got "
+    """Clause ``clause``: the call raised ``expected``, by type and the keys its message names
+    (by exact type and message for a target with ``exact_messages``)."""
+    error, exact = outcome.error, check.target.exact_messages
+    check.that(error is not None and expected.matches(error, exact=exact), clause,
+               f"want {expected.wanted(exact=exact)}; got "
                + (f"{type(error).__name__}: {error}" if error else "no error"),
                code="isinstance(out, Exception)")
 
@@ -285,7 +287,8 @@ def test_fc_tie_rules(target, data):
 @spec_property("FC-STRICT")
 @given(data=st.data())
 def test_fc_strict(target, data):
-    """``strict=True`` raises torch's RuntimeError iff keys are missing or unexpected, before touching anything.
+    """``strict=True`` raises a RuntimeError naming every missing and unexpected key iff there
+    are any, before touching anything (torch's exact wording for targets with ``exact_messages``).
 
     Origin: pytorch #92153 (strict mode), PR #92536.
     """
@@ -325,8 +328,10 @@ def test_fc_input_forms(target, data):
     if items:
         overlap = (dict(items[:cut + 1]), dict(items[max(cut, 1) - 1:]))
         expected = merge_inputs(overlap)
+        before = module_state(module)
         _raised_as_expected(check, _call(target, module, call, tensors=overlap, kwargs=fresh_kwargs(call)),
                             expected, "overlap-accepted")
+        check_untouched(check, before, module, "touched-on-error")
     _verdict(check, example, target)
 
 
@@ -395,7 +400,8 @@ def _sources(tensors) -> dict[str, dict]:
 @spec_property("FC-BAD-INPUT")
 @given(data=st.data())
 def test_fc_bad_input(target, data):
-    """Bad input gets torch's exact error type and message, and the module is unchanged.
+    """Bad input gets torch's error type, with a message naming the keys involved, and the
+    module is unchanged (torch's exact wording for targets with ``exact_messages``).
 
     Covers non-tensor values, unknown submodules, non-tensor attributes, empty names and
     non-mapping input. Origin: ``NamedMemberAccessor`` (PR #92536).
