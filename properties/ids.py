@@ -37,6 +37,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
     "FC-STRICT": ("functional_call", "strict"),
+    "FC-INPUT-FORMS": ("functional_call", "tuple_inputs"),
     "XLA-FUNCTIONAL-CALL": ("functional_call",),
     "XLA-SET-DATA-REFUSED": (),  # a fact about the torch build, whatever the target
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
+from hypothesis import event
 from hypothesis import strategies as st
 
 from swapspec.strategies import host_trees
@@ -22,7 +23,7 @@ CURRENT: ContextVar[Any] = ContextVar("swapspec_current_target", default=None)
 _PLUGGED: dict[tuple[int, int], tuple[Any, st.SearchStrategy]] = {}
 
 
-def _one_of(base: st.SearchStrategy, extra: Any, make=lambda s: s) -> st.SearchStrategy:
+def _one_of(base: st.SearchStrategy, extra: Any, make: Any) -> st.SearchStrategy:
     """``st.one_of(base, make(extra))``, made once per pair (each draw would rebuild it)."""
     key = (id(base), id(extra))
     if key not in _PLUGGED:
@@ -37,8 +38,14 @@ def _plugged(draw: Any, base: st.SearchStrategy, field: str, make: Any) -> Any:
 
 
 def with_conversions(base: st.SearchStrategy) -> st.SearchStrategy:
-    """``base`` plus the running target's ``conversions``."""
-    return _plugged(base, "conversions", lambda s: s)
+    """``base`` plus the running target's ``conversions`` (each reported as the event
+    ``conversion: <name>``, as the built-ins are)."""
+    return _plugged(base, "conversions", lambda s: s.map(_reported))
+
+
+def _reported(conversion: Any) -> Any:
+    event(f"conversion: {conversion.tag}")
+    return conversion
 
 
 def with_modules(base: st.SearchStrategy) -> st.SearchStrategy:

@@ -206,16 +206,16 @@ def _target_of(item: pytest.Item) -> Target | None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip a property the target cannot run: it lacks a feature the property needs
-    (``ids.NEEDS``), or it declares a skip."""
+    """Skip a property the target cannot run: it declares a skip, or it lacks a feature the
+    property needs (``ids.NEEDS``)."""
     target, pid = _target_of(item), property_id(item)
     if target is None:
         return
+    if pid in target.skips:
+        pytest.skip(f"{target.name} declares a skip for {pid}: {target.skips[pid]}")
     missing = target.missing(property_ids.NEEDS.get(pid, ()))
     if missing:
         pytest.skip(f"{target.name} does not implement {' or '.join(missing)}")
-    if pid in target.skips:
-        pytest.skip(f"{target.name} declares a skip for {pid}: {target.skips[pid]}")
 
 
 @pytest.fixture(autouse=True)

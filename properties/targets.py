@@ -13,7 +13,7 @@ and optionally the data the suite reads next to it:
   tuples of dicts); the properties draw only these;
 - ``lacks``: names from ``FEATURES`` it does not implement, beyond the callables it simply
   does not have (e.g. ``{"tie_weights", "strict"}`` for a ``functional_call`` without those
-  keywords);
+  keywords; ``tuple_inputs`` follows from ``call_forms``);
 - ``conversions``: a Hypothesis strategy of ``swapspec.strategies.Conversion`` (its own
   tensor subclass, its device move), drawn alongside the built-in conversions;
 - ``modules``: a Hypothesis strategy of ``swapspec.strategies.HostModule`` (its own
@@ -25,8 +25,9 @@ and optionally the data the suite reads next to it:
 
 What a target implements (``Target.has``): each of ``FEATURES``. A callable feature
 (``apply``, ``functional_call``, ``load_state_dict``) is there when the object has it (not
-None); a keyword feature (``tie_weights``, ``strict``) is there unless ``lacks`` names it, and
-never without ``functional_call``. A property that needs a missing feature
+None); a feature of the call (``tie_weights``, ``strict``, ``tuple_inputs``) is there unless
+``lacks`` names it, and never without ``functional_call``; ``tuple_inputs`` needs a tuple form
+in ``call_forms``. A property that needs a missing feature
 (``properties.ids.NEEDS``) is skipped with one stated reason, and the calls draw only the
 options the target has: without ``tie_weights`` every call is a ``tie_weights=True`` call made
 without the keyword; without ``strict``, a ``strict=False`` call made without the keyword.
@@ -60,10 +61,12 @@ FEATURES: dict[str, str] = {
     "functional_call": "functional_call(module, tensors, args, kwargs, ...)",
     "tie_weights": "functional_call's tie_weights keyword",
     "strict": "functional_call's strict keyword",
+    "tuple_inputs": "functional_call taking a tuple of dicts",
     "load_state_dict": "load_state_dict(module, state_dict, *, strict, assign, swap)",
 }
 CALLABLE_FEATURES = ("apply", "functional_call", "load_state_dict")
-KEYWORD_FEATURES = {"tie_weights": "functional_call", "strict": "functional_call"}
+KEYWORD_FEATURES = {"tie_weights": "functional_call", "strict": "functional_call",
+                    "tuple_inputs": "functional_call"}
 
 
 class TargetError(Exception):
@@ -101,6 +104,8 @@ class Target:
         if feature not in FEATURES:
             raise KeyError(f"unknown feature {feature!r}; known: {', '.join(FEATURES)}")
         if feature in self.lacks:
+            return False
+        if feature == "tuple_inputs" and not any(f.startswith("tuple") for f in self.call_forms):
             return False
         if feature in KEYWORD_FEATURES:
             return self.has(KEYWORD_FEATURES[feature])

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hypothesis import event
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
@@ -78,8 +79,14 @@ def build_leaf(entry: str) -> HostLeaf:
 
 
 def host_trees(modules: st.SearchStrategy[HostModule]) -> st.SearchStrategy[nn.Module]:
-    """Draw one of ``modules`` as a built one-leaf tree (``tree_info`` knows it)."""
+    """Draw one of ``modules`` as a built one-leaf tree (``tree_info`` knows it). Reports
+    ``hypothesis.event('tree: host: <name>')``."""
+    return modules.map(_host_tree)
+
+
+def _host_tree(host: HostModule) -> nn.Module:
     from swapspec.strategies.trees import LeafSpec, TreeSpec, build_tree
 
-    return modules.map(lambda host: build_tree(TreeSpec(root=LeafSpec(kind="host",
-                                                                      entry=register(host)))))
+    tree = build_tree(TreeSpec(root=LeafSpec(kind="host", entry=register(host))))
+    event(f"tree: host: {host.name}")
+    return tree

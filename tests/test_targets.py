@@ -33,6 +33,7 @@ def test_a_module_without_apply_is_a_functional_call_only_target():
     assert target.missing(ids.NEEDS["APPLY-TIES"]) == ["apply"]
     assert target.missing(ids.NEEDS["FC-STRICT"]) == ["strict"]
     assert target.missing(ids.NEEDS["FC-TIES"]) == []
+    assert target.missing(ids.NEEDS["FC-INPUT-FORMS"]) == ["tuple_inputs"]  # call_forms: a dict
     assert target.call_keywords(tie_weights=False, strict=True) == {}
 
 
