@@ -13,13 +13,16 @@ strategy of them (``st.sampled_from([...])`` or ``st.builds(HostModule, ...)``).
 :func:`host_trees` makes each drawn ``HostModule`` a one-leaf tree: a :class:`HostLeaf` root
 whose child ``inner`` is the host's module, so every property that rebuilds, copies or
 reports a drawn tree does the same with it. Names the properties give are the module's names
-under ``inner.`` (``inner.weight``).
+under ``inner.`` (``inner.weight``). ``HostModule.source`` gives the lines a standalone repro
+needs to build the module without swapspec, when ``build`` is importable.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hypothesis import event
@@ -31,6 +34,14 @@ def _as_args(x: Tensor) -> tuple[Tensor]:
     return (x,)
 
 
+def _literal(value: Any) -> bool:
+    """Whether ``repr(value)`` evaluates back to an equal value (plain literals only)."""
+    try:
+        return ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError):
+        return False
+
+
 @dataclass(frozen=True)
 class HostModule:
     """One of a host's modules: a name, a builder, and how forward takes the input (see the module
@@ -39,6 +50,18 @@ class HostModule:
     name: str
     build: Callable[[], nn.Module]
     inputs: Callable[[Tensor], tuple[Any, ...]] = _as_args
+
+    def source(self, var: str = "inner") -> str | None:
+        """Python lines that build the module into ``var``, when ``build`` is an importable
+        class or function, or a ``functools.partial`` of one with literal arguments; else None."""
+        func, args, kwargs = self.build, (), {}
+        if isinstance(func, partial):
+            func, args, kwargs = func.func, func.args, func.keywords
+        module, name = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
+        if module is None or not name.isidentifier() or not _literal((args, kwargs)):
+            return None
+        call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        return f"from {module} import {name}\n{var} = {name}({call})\n"
 
 
 class HostLeaf(nn.Module):

@@ -129,3 +129,17 @@ def test_functional_call_only_target_runs_without_keywords_and_skips_once(tmp_pa
     assert cells["FC-STRICT"] == {**cells["FC-STRICT"], "status": "skipped",
                                   "reason": "functional-only does not implement strict"}
     assert cells["APPLY-VALUES"]["reason"] == "functional-only does not implement apply"
+
+
+def test_a_host_modules_source_rebuilds_it_when_it_can():
+    from functools import partial
+
+    from torch import nn
+
+    namespace: dict = {}
+    exec(HostModule("lin", partial(nn.Linear, 4, out_features=2)).source(), namespace)
+    assert isinstance(namespace["inner"], nn.Linear) and namespace["inner"].out_features == 2
+    assert HostModule("s", functional_only.Scale).source() == (
+        "from tests.planted.functional_only import Scale\ninner = Scale()\n")
+    assert HostModule("anon", lambda: nn.Linear(4, 4)).source() is None
+    assert HostModule("obj", partial(nn.Linear, object())).source() is None
