@@ -76,8 +76,7 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
               target.name, "target.functional_call")
     lines += [
         "try:",
-        f"    out = {fc}(module, tensors, args, kwargs, tie_weights={call.tie_weights}, "
-        f"strict={call.strict})",
+        f"    out = {fc}(module, tensors, args, kwargs{_keyword_code(target, call)})",
         "except Exception as e:",
         "    out = e",
         "    print('raised', type(e).__name__, e)",
@@ -85,6 +84,12 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
         *_assert_lines(violations),
     ]
     return "\n".join(lines)
+
+
+def _keyword_code(target: Any, call: Any) -> str:
+    """``, tie_weights=..., strict=...``: only the keywords the target takes."""
+    keywords = target.call_keywords(tie_weights=call.tie_weights, strict=call.strict)
+    return "".join(f", {k}={v}" for k, v in keywords.items())
 
 
 def _tree_lines(module) -> list[str]:

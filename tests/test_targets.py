@@ -143,3 +143,20 @@ def test_a_host_modules_source_rebuilds_it_when_it_can():
         "from tests.planted.functional_only import Scale\ninner = Scale()\n")
     assert HostModule("anon", lambda: nn.Linear(4, 4)).source() is None
     assert HostModule("obj", partial(nn.Linear, object())).source() is None
+
+
+def test_a_repro_passes_only_the_keywords_the_target_takes():
+    import torch
+
+    from swapspec.properties.examples import Example
+    from swapspec.properties.repro import call_repro
+    from swapspec.strategies import CallInput, build_tree
+    from swapspec.strategies.trees import TreeSpec
+
+    module = build_tree(TreeSpec())
+    call = CallInput({}, (torch.zeros(2, 4),), {}, tie_weights=True, strict=False)
+    example = Example(module, call=call)
+    keyless = call_repro(example, load_target(ONLY), [])
+    assert "target.functional_call(module, tensors, args, kwargs)" in keyless
+    full = call_repro(example, load_target("reference"), [])
+    assert "kwargs, tie_weights=True, strict=False)" in full
