@@ -24,7 +24,7 @@ from swapspec.properties.examples import (
     slots,
 )
 from swapspec.properties.oracle import owner_of
-from swapspec.strategies import tree_info
+from swapspec.strategies import call_inputs, tree_info
 
 
 def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -> Callable:
@@ -232,6 +232,22 @@ def slot_code(name: str) -> str:
 
 
 # ---- functional_call ---------------------------------------------------------------------
+
+KEYWORD_DEFAULTS = {"tie_weights": True, "strict": False}
+
+
+def target_call_inputs(target: Any, module: nn.Module, **options: Any):
+    """``call_inputs`` drawing only what ``target`` takes: its ``call_forms``, and each keyword it
+    lacks (``Target.has``) fixed to the spec's default."""
+    fixed = {k: v for k, v in KEYWORD_DEFAULTS.items() if not target.has(k)}
+    return call_inputs(module, forms=target.call_forms, **{**options, **fixed})
+
+
+def call_target(target: Any, module: nn.Module, tensors: Any, args: tuple, kwargs: dict, *,
+                tie_weights: bool = True, strict: bool = False) -> Any:
+    """``target.functional_call``, passing only the keywords the target takes."""
+    return target.functional_call(module, tensors, args, kwargs,
+                                  **target.call_keywords(tie_weights=tie_weights, strict=strict))
 
 
 @dataclass

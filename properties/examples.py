@@ -2,6 +2,33 @@
 
 Facts are computed from the module *before* the target touches it, so a predicate
 describes the input, never the outcome.
+
+A deviation's predicate (``Deviation.applies``) receives one :class:`Example`. These fields
+and methods are a stable API; a predicate reads nothing else:
+
+- ``module``: the drawn ``nn.Module``, as it was before the target ran (predicates run first);
+- ``conversion``: the ``swapspec.strategies.Conversion`` of an apply property, else None:
+  ``name`` (``"double()"``, or a host's own name), ``repro`` (its source), ``preserves_values``,
+  ``changes_impl`` (meta, sparse, XLA results), ``raises_on`` (the k of ``raise_on(k)``), ``device``;
+- ``flags``: ``swapspec.strategies.FlagSetting(overwrite, swap)`` of an apply property, else None;
+- ``call``: the ``swapspec.strategies.CallInput`` of a functional-call property, else None:
+  ``tensors`` (as passed: a dict or a tuple of dicts), ``args``, ``kwargs``, ``tie_weights``,
+  ``strict``, ``form`` (``"dict"``, ``"tuple-single"``, ``"tuple-disjoint"``,
+  ``"tuple-overlap"``), ``invalid`` (the kind of bad input drawn, or None) and ``merged()``
+  (every given name and value in one dict);
+- ``recurse``: the ``recurse`` argument of ``apply``;
+- ``refused``: the name of a parameter (``"a.weight"``) or grad (``"a.weight.grad"``) held by a
+  weak reference, so ``swap_tensors`` refuses it; None if none;
+- ``earlier``: the conversions applied before ``conversion`` (same flags);
+- ``has(fact)``: a structural fact of the module (``module_facts``): ``"alias-parameter"``,
+  ``"alias-buffer"``, ``"shared-submodule"``, ``"tied-parameter"``, ``"parameter-subclass"``,
+  ``"uninitialized-parameter"``, ``"parameter-attributes"``, ``"grad"``, ``"parameter"``;
+- ``names_before``: every name of every parameter and buffer, aliases included, and its tensor.
+
+Helpers a predicate may call on ``module``: ``named_tensors``, ``alias_groups``,
+``shared_submodules``, ``distinct_parameters`` (below), and ``swapspec.strategies.tree_info``
+(``tree_info(example.module).features``: the drawn tree's feature tags, ``"leaf: host"`` for a
+host's own module).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Every property ID, grouped by family, for hosts to name in skips and deviations.
+"""Every property ID, grouped by family, for hosts to name in skips and deviations, and the
+target features (``properties.targets.FEATURES``) each one needs.
 
 ``tests/test_plugin.py`` checks that these tuples list exactly the properties the test
 files define, so a host can rely on them.
@@ -26,3 +27,18 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
+
+# What each property calls on the target. A target without one of them is skipped there
+# (``properties.targets.Target.has``); a property not listed needs ``FAMILY_NEEDS`` of its family.
+FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
+    "apply": ("apply",), "functional_call": ("functional_call",),
+    "together": ("apply", "functional_call"), "xla": ("apply",),
+    "load_state_dict": ("load_state_dict",),
+}
+NEEDS: dict[str, tuple[str, ...]] = {
+    **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
+    "FC-STRICT": ("functional_call", "strict"),
+    "FC-INPUT-FORMS": ("functional_call", "tuple_inputs"),
+    "XLA-FUNCTIONAL-CALL": ("functional_call",),
+    "XLA-SET-DATA-REFUSED": (),  # a fact about the torch build, whatever the target
+}

@@ -6,6 +6,7 @@ reference too: a planted bug in the reference is caught here, not echoed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,15 +18,38 @@ from swapspec.properties.examples import named_tensors
 
 @dataclass(frozen=True)
 class ExpectedError:
-    """The exception type and exact message the spec requires."""
+    """The error the spec requires: its type, the keys its message must name, torch's wording.
+
+    Every target must raise ``type`` (or a subclass) with a message that names each of
+    ``keys`` (the names involved, as torch's own message names them), and leave the module as
+    it was (the properties check that separately). A target that declares
+    ``exact_messages`` (torch's own functions, the reference) must also raise exactly
+    ``type`` with exactly ``message``, so a change of torch's wording is reported.
+    ``alternatives`` are other errors the spec accepts instead (another conflicting group).
+    """
 
     type: type[BaseException]
     message: str
     rule: str = "name"  # which check: form, tie, slot, strict or name
-    alternatives: tuple[str, ...] = ()  # other messages the spec accepts (any conflicting group)
+    keys: tuple[str, ...] = ()
+    alternatives: tuple[ExpectedError, ...] = ()
 
-    def matches(self, exc: BaseException) -> bool:
-        return type(exc) is self.type and _message(exc) in (self.message, *self.alternatives)
+    def matches(self, exc: BaseException, *, exact: bool = False) -> bool:
+        """Whether ``exc`` is this error (or an alternative): by type and keys, or, with
+        ``exact``, by exact type and message."""
+        return any(e._matches_one(exc, exact) for e in (self, *self.alternatives))
+
+    def _matches_one(self, exc: BaseException, exact: bool) -> bool:
+        if exact:
+            return type(exc) is self.type and _message(exc) == self.message
+        return isinstance(exc, self.type) and all(key in _message(exc) for key in self.keys)
+
+    def wanted(self, *, exact: bool = False) -> str:
+        """What a matching error looks like, for a failure message."""
+        if exact:
+            return f"{self.type.__name__}: {self.message!r}"
+        named = f" naming {', '.join(repr(k) for k in self.keys)}" if self.keys else ""
+        return f"{self.type.__name__}{named}"
 
 
 def _message(exc: BaseException) -> str:
@@ -48,7 +72,8 @@ def merge_inputs(tensors: Any) -> dict[str, Any] | ExpectedError:
     repeated = list(dict.fromkeys(k for k in keys if keys.count(k) > 1))
     if repeated:
         return ExpectedError(ValueError, f"{repeated} appeared in multiple dictionaries; "
-                             "behavior of functional call is ambiguous", "form")
+                             "behavior of functional call is ambiguous", "form",
+                             tuple(repeated))
     return {k: v for d in tensors for k, v in d.items()}
 
 
@@ -65,12 +90,13 @@ def expand(module: nn.Module, given: dict[str, Any], tie_weights: bool) -> dict[
     if not tie_weights:
         return dict(given)
     groups = tie_groups(module)
-    conflicts = [f"functional_call got multiple values for keys {sorted(group)}, which are "
-                 "tied. Consider using tie_weights=False"
+    conflicts = [ExpectedError(ValueError, f"functional_call got multiple values for keys "
+                               f"{sorted(group)}, which are tied. Consider using tie_weights=False",
+                               "tie", tuple(sorted(n for n in group if n in given)))
                  for group in dict.fromkeys(groups.get(n, frozenset()) for n in given)
                  if len({id(given[n]) for n in group if n in given}) > 1]
     if conflicts:
-        return ExpectedError(ValueError, conflicts[0], "tie", tuple(conflicts[1:]))
+        return dataclasses.replace(conflicts[0], alternatives=tuple(conflicts[1:]))
     filled = dict(given)
     for name in given:
         filled.update(dict.fromkeys(groups.get(name, ()), given[name]))
@@ -89,7 +115,7 @@ def strict_error(module: nn.Module, filled: dict[str, Any]) -> ExpectedError | N
     if not parts:
         return None
     return ExpectedError(RuntimeError, f"Error(s) in reparametrizing for {module._get_name()}:\n\t"
-                         + "\n\t".join(parts), "strict")
+                         + "\n\t".join(parts), "strict", (*unexpected, *missing))
 
 
 def owner_of(module: nn.Module, name: str) -> tuple[nn.Module, str] | ExpectedError:
@@ -99,11 +125,13 @@ def owner_of(module: nn.Module, name: str) -> tuple[nn.Module, str] | ExpectedEr
     owner = module
     for i, part in enumerate(path):
         if not hasattr(owner, part):
-            return ExpectedError(AttributeError, f"{owner._get_name()} has no attribute `{part}`")
+            return ExpectedError(AttributeError, f"{owner._get_name()} has no attribute `{part}`",
+                                 keys=(part,))
         nxt = getattr(owner, part)
         if not isinstance(nxt, nn.Module):
             return ExpectedError(TypeError, f"submodule `{'.'.join(path[:i + 1])}`: {nxt} "
-                                 "is not an instance of torch.nn.Module")
+                                 "is not an instance of torch.nn.Module",
+                                 keys=(".".join(path[:i + 1]),))
         owner = nxt
     return owner, key
 
@@ -121,7 +149,8 @@ def name_error(module: nn.Module, name: str, value: Any) -> ExpectedError | None
     registered = key in owner._parameters or key in owner._buffers
     current = getattr(owner, key, None)
     if not registered and current is not None and not isinstance(current, Tensor):
-        return ExpectedError(TypeError, f"attribute `{key}`: {current} is not an instance of torch.Tensor")
+        return ExpectedError(TypeError, f"attribute `{key}`: {current} is not an instance of torch.Tensor",
+                             keys=(key,))
     return None
 
 
@@ -135,9 +164,10 @@ def slot_conflict(module: nn.Module, filled: dict[str, Any]) -> ExpectedError | 
         owner, key = found
         names = by_slot.setdefault((id(owner), key), [])
         if names and filled[names[0]] is not filled[name]:
+            keys = tuple(sorted([*names, name]))
             return ExpectedError(ValueError, f"functional_call got multiple values for keys "
-                                 f"{sorted([*names, name])}, which name one slot of a shared submodule",
-                                 "slot")
+                                 f"{list(keys)}, which name one slot of a shared submodule",
+                                 "slot", keys)
         names.append(name)
     return None
 

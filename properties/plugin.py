@@ -43,7 +43,7 @@ import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from swapspec import reference
-from swapspec.properties import crashes, deviations
+from swapspec.properties import crashes, deviations, plugged
 from swapspec.properties import ids as property_ids
 from swapspec.properties.targets import Target, TargetError, load_targets
 from swapspec.reference import overrides as reference_overrides
@@ -215,9 +215,30 @@ def _target_of(item: pytest.Item) -> Target | None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a property the target cannot run: it declares a skip, or it lacks a feature the
+    property needs (``ids.NEEDS``)."""
     target, pid = _target_of(item), property_id(item)
-    if target is not None and pid in target.skips:
+    if target is None:
+        return
+    if pid in target.skips:
         pytest.skip(f"{target.name} declares a skip for {pid}: {target.skips[pid]}")
+    missing = target.missing(property_ids.NEEDS.get(pid, ()))
+    if missing:
+        pytest.skip(f"{target.name} does not implement {' or '.join(missing)}")
+
+
+@pytest.fixture(autouse=True)
+def swapspec_current_target(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Let the properties' strategies read the running target (``plugged.CURRENT``)."""
+    target = _target_of(request.node)
+    if target is None:
+        yield
+        return
+    token = plugged.CURRENT.set(target)
+    try:
+        yield
+    finally:
+        plugged.CURRENT.reset(token)
 
 
 @pytest.fixture(autouse=True)

@@ -279,7 +279,7 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
              "view = watch(module, known, given)"]
     body += calls if calls is not None else [
         f"out = outcome(lambda: target_functional_call(module, tensors, args, kwargs, "
-        f"tie_weights={call.tie_weights}, strict={call.strict}))",
+        f"{keyword_code(target, call)[2:]}))",
         "if isinstance(out, Exception):",
         "    print('raised', type(out).__name__, out)"]
     body += ["after = named(module)",
@@ -292,6 +292,12 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
 
 def _observe(observe: dict[str, str] | None) -> str:
     return "".join(f", {label!r}: {code}" for label, code in (observe or {}).items())
+
+
+def keyword_code(target: Any, call: Any) -> str:
+    """``, tie_weights=..., strict=...``: only the keywords the target takes."""
+    keywords = target.call_keywords(tie_weights=call.tie_weights, strict=call.strict)
+    return "".join(f", {k}={v}" for k, v in keywords.items())
 
 
 def _script(module: Any, target: Any, body: list[str], violations: list[Violation],

@@ -39,13 +39,17 @@ from swapspec.properties.examples import (
     same_values,
     slots,
 )
+from swapspec.properties.plugged import with_conversions, with_modules
 from swapspec.properties.repro import apply_repro
 from swapspec.strategies import conversions, flag_settings, module_trees, value_changing_conversions
 from swapspec.strategies.conversions import raising_conversion
 from swapspec.strategies.trees import WRAPPERS
 
-trees = module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE)  # functional_call refuses DataParallel
-plain_conversions = conversions(raising=False)
+builtin_trees = module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE)  # functional_call refuses DataParallel
+# A target's own modules too, where a one-leaf tree is as good an example as any; the properties
+# that need ties, grads, None slots, children or a refused swap draw the built-in trees only.
+trees = with_modules(builtin_trees)
+plain_conversions = with_conversions(conversions(raising=False))
 
 
 def _setup(target, property_id, module, conversion, flags, recurse=True, fn_may_raise=False):
@@ -168,7 +172,7 @@ _MISSING = object()
 
 
 @spec_property("APPLY-GRADS")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
 def test_apply_converts_grads(target, module, conversion, flags):
     """A parameter's grad is converted by ``fn`` and keeps its ``requires_grad``; a leaf grad
     stays a leaf (one from ``backward(create_graph=True)`` carries a graph and need not).
@@ -222,7 +226,7 @@ def _same_attribute(now, before) -> bool:
 
 
 @spec_property("APPLY-NONE-SLOTS")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
 def test_apply_keeps_none_slots(target, module, conversion, flags):
     """A ``None``-registered parameter or buffer stays ``None`` and registered.
 
@@ -242,7 +246,7 @@ def test_apply_keeps_none_slots(target, module, conversion, flags):
 
 
 @spec_property("APPLY-TIES")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
 def test_apply_keeps_ties(target, module, conversion, flags):
     """Names that held one tensor (tied parameters, tied buffers, shared submodules) hold one after.
 
@@ -297,7 +301,7 @@ def test_apply_calls_fn_once_per_tensor(target, module, conversion, flags):
 
 
 @spec_property("APPLY-RECURSE-FALSE")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
+@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
 def test_apply_recurse_false_touches_own_tensors_only(target, module, conversion, flags):
     """With ``recurse=False`` only the module's own slots change; descendants' tensors do not.
 
@@ -323,7 +327,7 @@ def test_apply_recurse_false_touches_own_tensors_only(target, module, conversion
 
 
 @spec_property("APPLY-ATOMIC")
-@given(module=trees, flags=flag_settings(), data=st.data())
+@given(module=builtin_trees, flags=flag_settings(), data=st.data())
 def test_apply_is_atomic(target, module, flags, data):
     """If ``fn`` raises on any tensor, the module is left exactly as it was and the error propagates.
 
@@ -401,7 +405,7 @@ def _same_value_code(name: str, value) -> str:
 
 
 @spec_property("APPLY-REFUSED-SWAP")
-@given(module=trees, conversion=value_changing_conversions(), flags=flag_settings(),
+@given(module=builtin_trees, conversion=value_changing_conversions(), flags=flag_settings(),
        data=st.data())
 def test_apply_refused_swap_changes_nothing(target, module, conversion, flags, data):
     """If a parameter or grad on the swap path cannot be swapped, apply raises ``RuntimeError``

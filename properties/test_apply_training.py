@@ -30,6 +30,7 @@ from swapspec.properties.common import (
 )
 from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, named_tensors
+from swapspec.properties.plugged import with_conversions
 from swapspec.properties.repro import apply_repro
 from swapspec.properties.standalone import tensor_code
 from swapspec.strategies import (
@@ -42,7 +43,7 @@ from swapspec.strategies.conversions import CONVERSIONS
 from swapspec.strategies.trees import WRAPPERS
 
 trees = module_trees(lazy=False, wrappers=WRAPPERS, world_chance=WORLD_CHANCE)
-cpu_conversions = conversions(devices=(), raising=False)
+cpu_conversions = with_conversions(conversions(devices=(), raising=False))
 # Conversions after which backward() still runs on CPU: dense, real floating results.
 BACKWARD_SAFE = ("float()", "double()", "half()", "bfloat16()", "to(torch.float64)", "cpu()",
                  "share_memory()", "add(1)", "to_empty(device='cpu')",

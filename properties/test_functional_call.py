@@ -21,6 +21,7 @@ from torch.nn.utils import parametrize
 from swapspec.properties.common import (
     Outcome,
     attempt,
+    call_target,
     check_untouched,
     clone_value,
     copy_outcome,
@@ -31,6 +32,7 @@ from swapspec.properties.common import (
     module_state,
     same_output,
     spec_property,
+    target_call_inputs,
     watch_forward,
 )
 from swapspec.properties.deviations import Checker
@@ -44,18 +46,18 @@ from swapspec.properties.oracle import (
     slot_of,
     tie_groups,
 )
-from swapspec.properties.repro import call_repro
+from swapspec.properties.plugged import with_modules
+from swapspec.properties.repro import call_repro, keyword_code
 from swapspec.strategies import (
     CallInput,
     ForwardError,
-    call_inputs,
     forward_inputs,
     module_trees,
     tree_info,
 )
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 
-trees = module_trees()
+trees = with_modules(module_trees())
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
 updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50)
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
@@ -66,7 +68,7 @@ tied_trees = module_trees(tie_chance=100, lazy=False)
 def _draw(data, property_id: str, target, *, clonable=False, module_strategy=trees, **options):
     """Draw a module and a call; ``clonable`` rules out giving uninitialized parameters."""
     module = data.draw(module_strategy, label="module")
-    call = data.draw(call_inputs(module, forms=target.call_forms, **options), label="call")
+    call = data.draw(target_call_inputs(target, module, **options), label="call")
     if clonable:
         assume(not any(is_uninitialized(v) for v in call.merged().values()))
     example = Example(module, call=call)
@@ -79,8 +81,8 @@ def _expected(module, call, tensors=None) -> dict[str, Any] | ExpectedError:
 
 
 def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome:
-    return attempt(lambda: target.functional_call(
-        module, call.tensors if tensors is None else tensors,
+    return attempt(lambda: call_target(
+        target, module, call.tensors if tensors is None else tensors,
         call.args if args is None else args, call.kwargs if kwargs is None else kwargs,
         tie_weights=call.tie_weights, strict=call.strict))
 
@@ -100,9 +102,11 @@ def _verdict(check: Checker, example: Example, target) -> None:
 
 def _raised_as_expected(check: Checker, outcome: Outcome, expected: ExpectedError,
                         clause: str) -> None:
-    error = outcome.error
-    check.that(error is not None and expected.matches(error), clause,
-               f"want {expected.type.__name__}: {expected.message!r}; got "
+    """Clause ``clause``: the call raised ``expected``, by type and the keys its message names
+    (by exact type and message for a target with ``exact_messages``)."""
+    error, exact = outcome.error, check.target.exact_messages
+    check.that(error is not None and expected.matches(error, exact=exact), clause,
+               f"want {expected.wanted(exact=exact)}; got "
                + (f"{type(error).__name__}: {error}" if error else "no error"),
                code=f"isinstance(out, {expected.type.__name__})")
 
@@ -283,7 +287,8 @@ def test_fc_tie_rules(target, data):
 @spec_property("FC-STRICT")
 @given(data=st.data())
 def test_fc_strict(target, data):
-    """``strict=True`` raises torch's RuntimeError iff keys are missing or unexpected, before touching anything.
+    """``strict=True`` raises a RuntimeError naming every missing and unexpected key iff there
+    are any, before touching anything (torch's exact wording for targets with ``exact_messages``).
 
     Origin: pytorch #92153 (strict mode), PR #92536.
     """
@@ -323,17 +328,19 @@ def test_fc_input_forms(target, data):
     if items:
         overlap = (dict(items[:cut + 1]), dict(items[max(cut, 1) - 1:]))
         expected = merge_inputs(overlap)
-        _raised_as_expected(check, _call(target, module, call, tensors=overlap, kwargs=fresh_kwargs(call)),
-                            expected, "overlap-accepted")
-    check.verdict(partial(call_repro, example, target, calls=_forms_lines(call, cut),
+        before = module_state(module)
+        outcome = _call(target, module, call, tensors=overlap, kwargs=fresh_kwargs(call))
+        _raised_as_expected(check, outcome, expected, "overlap-accepted")
+        if outcome.error is not None:  # a call that ran is FC-RESTORE's business
+            check_untouched(check, before, module, "touched-on-error")
+    check.verdict(partial(call_repro, example, target, calls=_forms_lines(target, call, cut),
                           observe={"form outputs": "observed_forms"}))
 
 
-def _forms_lines(call, cut: int) -> list[str]:
+def _forms_lines(target, call, cut: int) -> list[str]:
     """Repro lines for FC-INPUT-FORMS: each form on a fresh build, then the overlapping split
     on the module (``out``)."""
-    run = (f"args, dict(kwargs, report=[]) if 'report' in kwargs else kwargs, "
-           f"tie_weights={call.tie_weights}, strict={call.strict})")
+    run = f"args, dict(kwargs, report=[]) if 'report' in kwargs else kwargs{keyword_code(target, call)})"
     return [
         f"items, cut = list(entries(tensors).items()), {cut}",
         "forms = {'dict': dict(items), 'tuple': (dict(items),),",
@@ -419,7 +426,8 @@ def _sources(tensors) -> dict[str, dict]:
 @spec_property("FC-BAD-INPUT")
 @given(data=st.data())
 def test_fc_bad_input(target, data):
-    """Bad input gets torch's exact error type and message, and the module is unchanged.
+    """Bad input gets torch's error type, with a message naming the keys involved, and the
+    module is unchanged (torch's exact wording for targets with ``exact_messages``).
 
     Covers non-tensor values, unknown submodules, non-tensor attributes, empty names and
     non-mapping input. Origin: ``NamedMemberAccessor`` (PR #92536).

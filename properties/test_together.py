@@ -10,17 +10,19 @@ from hypothesis import strategies as st
 
 from swapspec.properties.common import (
     attempt,
+    call_target,
     check_untouched,
     conversion_named,
     is_uninitialized,
     module_state,
     spec_property,
+    target_call_inputs,
 )
 from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, named_tensors
 from swapspec.properties.oracle import ExpectedError, expected_outcome, slot_of
 from swapspec.properties.repro import call_repro
-from swapspec.strategies import call_inputs, conversions, flag_settings, module_trees
+from swapspec.strategies import conversions, flag_settings, module_trees
 
 trees = module_trees()
 cpu_conversions = conversions(devices=["cpu"], raising=False).filter(
@@ -40,7 +42,7 @@ def test_functional_call_on_converted_module(target, data):
     outcome = attempt(lambda: target.apply(module, conversion.make_fn(), overwrite=flags.overwrite,
                                            swap=flags.swap))
     assume(outcome.error is None)
-    call = data.draw(call_inputs(module, forms=target.call_forms), label="call")
+    call = data.draw(target_call_inputs(target, module), label="call")
     example = Example(module, conversion=conversion, flags=flags, call=call)
     check = Checker("TOGETHER-CONVERTED-CALL", target, example)
     before = module_state(module)
@@ -50,8 +52,8 @@ def test_functional_call_on_converted_module(target, data):
     registered = named_tensors(module)
     replaced = {id(registered[n]) for n in filled if n in registered}
     reached = {slot_of(module, n) for n in filled}
-    attempt(lambda: target.functional_call(module, call.tensors, call.args, call.kwargs,
-                                           tie_weights=call.tie_weights, strict=call.strict))
+    attempt(lambda: call_target(target, module, call.tensors, call.args, call.kwargs,
+                                tie_weights=call.tie_weights, strict=call.strict))
     check_untouched(check, before, module, "not-restored",
                     values_of=replaced - {id(v) for v in filled.values()},
                     names={n for n in before.slots if slot_of(module, n) in reached})
@@ -73,7 +75,7 @@ def test_apply_inside_forward_leaves_original_intact(target, data):
     assume(not any(is_uninitialized(t) for t in registered.values()))
     clones = {id(t): t.detach().clone() for t in registered.values()}
     fresh = {n: clones[id(t)] for n, t in registered.items()}  # aliases share one clone
-    call = data.draw(call_inputs(module, forms=target.call_forms), label="call")
+    call = data.draw(target_call_inputs(target, module), label="call")
     call = dataclasses.replace(call, tensors=fresh, tie_weights=False, strict=False)
     example = Example(module, conversion=to_meta, flags=flags, call=call)
     check = Checker("TOGETHER-APPLY-IN-FORWARD", target, example)
@@ -84,8 +86,8 @@ def test_apply_inside_forward_leaves_original_intact(target, data):
 
     handle = module.register_forward_pre_hook(convert_inside, with_kwargs=True)
     try:
-        attempt(lambda: target.functional_call(module, call.tensors, call.args, call.kwargs,
-                                               tie_weights=call.tie_weights))
+        attempt(lambda: call_target(target, module, call.tensors, call.args, call.kwargs,
+                                    tie_weights=call.tie_weights))
     finally:
         handle.remove()
     check_untouched(check, before, module, "original-changed")

@@ -18,6 +18,7 @@ from swapspec.strategies.conversions import (
     value_changing_conversions,
 )
 from swapspec.strategies.devices import detected_devices, xla_device
+from swapspec.strategies.host_modules import HostModule, host_trees
 from swapspec.strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
 from swapspec.strategies.tree_draws import module_trees, tree_specs
 from swapspec.strategies.trees import TreeInfo, TreeSpec, build_tree, tree_info
@@ -30,6 +31,7 @@ __all__ = [
     "ConversionError",
     "FlagSetting",
     "ForwardError",
+    "HostModule",
     "Observation",
     "TaggedParameter",
     "TreeInfo",
@@ -40,6 +42,7 @@ __all__ = [
     "detected_devices",
     "flag_settings",
     "forward_inputs",
+    "host_trees",
     "module_trees",
     "tree_info",
     "tree_specs",

@@ -208,7 +208,8 @@ def _invalidate(
 
 @st.composite
 def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool,
-                 strict: bool | None, forms: Sequence[str], buffers: str) -> CallInput:
+                 strict: bool | None, tie_weights: bool | None, forms: Sequence[str],
+                 buffers: str) -> CallInput:
     names = valid_names(module)
     buffer_names = {n for n, _ in module.named_buffers(remove_duplicate=False)}
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
@@ -230,7 +231,7 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
     if invalid and _chance(draw, 60):
         tensors, bad = _invalidate(draw, module, tensors, chosen, gen, forms)
         tags.add(f"invalid: {bad}")
-    tie_weights = not _chance(draw, 30)
+    tie_weights = not _chance(draw, 30) if tie_weights is None else tie_weights
     strict = _chance(draw, 30) if strict is None else strict
     kwargs: dict[str, Any] = {}
     if _chance(draw, 15):
@@ -251,6 +252,7 @@ def call_inputs(
     unknown_names: bool = True,
     invalid: bool = False,
     strict: bool | None = None,
+    tie_weights: bool | None = None,
     forms: Sequence[str] = FORMS,
     buffers: str = "some",
 ) -> st.SearchStrategy[CallInput]:
@@ -267,7 +269,8 @@ def call_inputs(
       ``Parameter``) and ``'nosuch.weight'`` (an unknown submodule).
     * ``invalid``: sometimes replace the input by a bad one: a non-tensor value, an empty leaf name
       (``'<path>.'``), a non-mapping ``tensors`` (``7``) or a tuple with a non-dict element.
-    * ``strict``: fix ``strict`` to this value instead of drawing it.
+    * ``strict``, ``tie_weights``: fix the keyword to this value instead of drawing it (for an
+      implementation without the keyword: its default).
     * ``forms``: the input forms to draw from (default all of ``FORMS``); ``("dict",)`` for an
       implementation that takes a single dict only.
     * ``buffers``: ``"some"`` (default) draws buffer names like the others; ``"all"`` gives every buffer name,
@@ -278,4 +281,4 @@ def call_inputs(
     """
     if buffers not in ("some", "all"):
         raise ValueError(f"buffers must be 'some' or 'all', got {buffers!r}")
-    return _call_inputs(module, unknown_names, invalid, strict, tuple(forms), buffers)
+    return _call_inputs(module, unknown_names, invalid, strict, tie_weights, tuple(forms), buffers)

@@ -23,6 +23,10 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
   wrap only weight matrices): matrices take the swap path, the rest the path the flags choose, in one ``_apply``.
 
 ``changes_impl`` is relative to a CPU dense source: True for meta, sparse and XLA results.
+
+A host's own conversion is a :class:`Conversion` too: ``imports`` holds the Python lines its
+``repro`` needs (``"from mylib.tensors import Scaled"``); they run before ``repro`` is evaluated
+and head its source, so repros of host conversions stand alone as well.
 """
 
 from __future__ import annotations
@@ -81,14 +85,20 @@ class Conversion:
     raises_on: int | None = None
     device: str = field(default="cpu", compare=False)
     lazy_safe: bool = field(default=False, compare=False)
+    imports: str = ""
 
     def make_fn(self) -> Callable[[Tensor], Tensor]:
-        """A fresh fn (its own call counter for ``raise_on``), evaluated from ``repro``."""
-        return eval(self.repro, _namespace())
+        """A fresh fn (its own call counter for ``raise_on``), evaluated from ``repro`` after
+        ``imports``."""
+        namespace = _namespace()
+        if self.imports:
+            exec(self.imports, namespace)
+        return eval(self.repro, namespace)
 
     def source(self, var: str = "fn") -> str:
         """Python lines that define the fn as ``var``."""
-        return f"{REPRO_IMPORTS}{var} = {self.repro}\n"
+        imports = f"{self.imports.rstrip()}\n" if self.imports else ""
+        return f"{REPRO_IMPORTS}{imports}{var} = {self.repro}\n"
 
     @property
     def tag(self) -> str:

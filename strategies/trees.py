@@ -78,7 +78,7 @@ class TensorSpec(_Spec):
 
 @dataclass(frozen=True, repr=False)
 class LeafSpec(_Spec):
-    """A leaf module. ``kind`` is ``'generic'``, ``'catalogue'`` or one of :data:`REAL_KINDS`.
+    """A leaf module. ``kind`` is ``'generic'``, ``'catalogue'``, ``'host'`` or one of :data:`REAL_KINDS`.
 
     Generic leaves use ``tensors`` and ``behaviours`` (see :class:`~strategies.modules.GenericLeaf`).
     Real layers use ``dtype``, ``bias`` (False: bias registered as None; BatchNorm: ``affine=False``),
@@ -86,7 +86,8 @@ class LeafSpec(_Spec):
     (True: one forward at build time materializes it into a ``SwLinear``).
     Catalogue leaves use ``entry`` (a ``module_db`` name such as ``'nn.LSTM'``), ``variant`` (the index of
     its ``ModuleInput``; see :mod:`~strategies.torch_modules`) and ``frozen``/``grad``, which apply to every
-    initialized parameter.
+    initialized parameter. Host leaves use ``entry`` only: the name of a registered
+    :class:`~strategies.host_modules.HostModule`.
     """
 
     kind: str = "generic"
@@ -216,6 +217,8 @@ def real_slots(leaf: LeafSpec) -> list[tuple[str, bool, tuple[int, ...], str]]:
 
 def leaf_slots(path: str, leaf: LeafSpec) -> list[Slot]:
     """All non-None tensor slots of one leaf (catalogue leaves: their initialized tensors under ``inner``)."""
+    if leaf.kind == "host":
+        return []  # a host's module: the spec knows its name only
     if leaf.kind == "catalogue":
         return [Slot(join(path, s.path), s.name, s.buffer, s.shape, s.dtype, False)
                 for s in _catalogue().slots(leaf.entry, leaf.variant)]
@@ -345,6 +348,10 @@ def _build_catalogue(spec: LeafSpec, path: str, gen: torch.Generator, out: dict[
 def _build_node(node: LeafSpec | ContainerSpec, path: str, gen: torch.Generator, out: dict[str, nn.Module]) -> nn.Module:
     if isinstance(node, LeafSpec) and node.kind == "catalogue":
         module = _build_catalogue(node, path, gen, out)
+    elif isinstance(node, LeafSpec) and node.kind == "host":
+        from swapspec.strategies.host_modules import build_leaf
+
+        module = build_leaf(node.entry)
     elif isinstance(node, LeafSpec):
         module = _build_generic(node, path, gen) if node.kind == "generic" else _build_real(node, path, gen)
     else:
@@ -563,6 +570,8 @@ def _container_tags(node: ContainerSpec) -> set[str]:
 
 
 def _leaf_tags(leaf: LeafSpec, training: bool) -> set[str]:
+    if leaf.kind == "host":
+        return {"leaf: host"}
     if leaf.kind == "catalogue":
         return _catalogue_tags(leaf)
     if leaf.kind == "LazyLinear":

@@ -14,7 +14,7 @@ Select one with ``--swapspec-target=tests.planted.broken_reference:<attribute>``
   Breaks FC-RESTORE (``not-restored``).
 - ``torch_named``: ``tie_split`` named ``torchmylib``.
 - ``stale``: the reference itself, declaring a deviation it does not have.
-- ``not_a_target``: an object without ``apply``.
+- ``not_a_target``: an object with a name but neither ``apply`` nor ``functional_call``.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ stale = SimpleNamespace(
                           "planted: the reference never splits ties, so this is stale")],
 )
 
-not_a_target = SimpleNamespace(name="half-a-target", functional_call=reference.functional_call)
+not_a_target = SimpleNamespace(name="half-a-target")
 
 
 def overlap_merging_functional_call(module, tensors, args=None, kwargs=None, *,

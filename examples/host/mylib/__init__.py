@@ -1,0 +1,8 @@
+"""mylib: a tiny library with its own ``functional_call`` and ``apply`` (swapspec's example host)."""
+
+from mylib.apply import apply
+from mylib.functional import call_with, functional_call
+from mylib.layers import Gate
+from mylib.quant import fake_quantize
+
+__all__ = ["Gate", "apply", "call_with", "fake_quantize", "functional_call"]
