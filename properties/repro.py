@@ -188,11 +188,10 @@ def target_section(target: Any) -> list[str]:
             "        future.set_overwrite_module_params_on_conversion(saved[0])",
             "        future.set_swap_module_params_on_conversion(saved[1])",
             "",
-            "def target_functional_call(module, tensors, args, kwargs, tie_weights, strict):",
+            "def target_functional_call(module, tensors, args, kwargs, **keywords):",
             "    with warnings.catch_warnings():",
             "        warnings.simplefilter('ignore', FutureWarning)",
-            f"        return {fc}(module, tensors, args, kwargs, tie_weights=tie_weights, "
-            "strict=strict)",
+            f"        return {fc}(module, tensors, args, kwargs, **keywords)",
         ]
     else:
         lines += [
@@ -200,9 +199,8 @@ def target_section(target: Any) -> list[str]:
             "def target_apply(module, fn, overwrite, swap, recurse=True):",
             "    return target.apply(module, fn, overwrite=overwrite, swap=swap, recurse=recurse)",
             "",
-            "def target_functional_call(module, tensors, args, kwargs, tie_weights, strict):",
-            "    return target.functional_call(module, tensors, args, kwargs, "
-            "tie_weights=tie_weights, strict=strict)",
+            "def target_functional_call(module, tensors, args, kwargs, **keywords):",
+            "    return target.functional_call(module, tensors, args, kwargs, **keywords)",
         ]
     return [*lines, SECTION_END]
 
@@ -278,8 +276,8 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
              *setup,
              "view = watch(module, known, given)"]
     body += calls if calls is not None else [
-        f"out = outcome(lambda: target_functional_call(module, tensors, args, kwargs, "
-        f"{keyword_code(target, call)[2:]}))",
+        f"out = outcome(lambda: target_functional_call(module, tensors, args, kwargs"
+        f"{keyword_code(target, call)}))",
         "if isinstance(out, Exception):",
         "    print('raised', type(out).__name__, out)"]
     body += ["after = named(module)",
