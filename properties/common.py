@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, clone_value, named_tensors, same_values, slots
-from swapspec.properties.oracle import owner_of
+from swapspec.properties.oracle import expected_view, owner_of
 from swapspec.strategies import tree_info
 
 
@@ -351,13 +351,43 @@ def identity_preserving_clones(values: Any) -> dict[int, Any]:
 
 
 def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any) -> tuple[nn.Module, dict]:
-    """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it."""
+    """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it.
+
+    The copy keeps every alias the real call has: a name filled with one of the module's own
+    tensors gets the copy's counterpart of that tensor (so it still shares the object with the
+    slots that hold it, and sees forward's in-place updates through them); every other filled
+    object gets one clone, shared by every name filled with it.
+    """
     copy = tree_info(module).build()
-    clones = identity_preserving_clones(filled.values())
+    counterparts = own_counterparts(module, copy)
+    stand_ins = {**identity_preserving_clones(v for v in filled.values() if id(v) not in counterparts),
+                 **counterparts}
     for name, value in filled.items():
         owner, key = owner_of(copy, name)
-        load_into(owner, key, clones[id(value)])
+        load_into(owner, key, stand_ins[id(value)])
     return copy, fresh_kwargs(call)
+
+
+def own_counterparts(module: nn.Module, copy: nn.Module) -> dict[int, Tensor]:
+    """Each of ``module``'s own tensors (by id) -> the tensor ``copy`` holds under the same name.
+
+    ``copy`` is a fresh build of ``module``'s tree, so its tensors are tied as ``module``'s are."""
+    mine, theirs = named_tensors(module), named_tensors(copy)
+    return {id(t): theirs[name] for name, t in mine.items() if name in theirs}
+
+
+def replaced_originals(module: nn.Module, filled: dict[str, Any]) -> set[int]:
+    """Ids of the module's own tensors that a valid call filled with ``filled`` takes out of
+    reach: every slot that held one holds a filled value during the call.
+
+    Only these must keep their values: an original that an unfilled alias still shows (a
+    tied buffer with ``tie_weights=False``), or that is itself a filled value, is forward's to
+    update in place.
+    """
+    registered = named_tensors(module)
+    reachable = {id(v) for v in expected_view(module, filled).values()}
+    reachable |= {id(v) for v in filled.values()}
+    return {id(registered[n]) for n in filled if n in registered} - reachable
 
 
 def fresh_copy_holding(module: nn.Module) -> nn.Module:

@@ -29,6 +29,7 @@ from swapspec.properties.common import (
     is_uninitialized,
     loaded_copy,
     module_state,
+    replaced_originals,
     same_output,
     spec_property,
     watch_forward,
@@ -169,17 +170,13 @@ def _given_values(call) -> list[Any]:
 
 
 def _replaced(module, call) -> set[int] | None:
-    """Ids of the original tensors a valid call swaps out (None: the call is invalid).
-
-    Forward may legitimately update tensors it was not given (BatchNorm running stats),
-    so only replaced originals must keep their values; an invalid call touches nothing.
-    """
+    """Ids of the original tensors a valid call takes out of forward's reach (None: the call is
+    invalid, and touches nothing). Forward may update what it can still reach (BatchNorm running
+    stats, an unfilled alias of a replaced tensor); see ``replaced_originals``."""
     filled = _expected(module, call)
     if isinstance(filled, ExpectedError):
         return None
-    registered = named_tensors(module)
-    given_ids = {id(v) for v in filled.values()}
-    return {id(registered[n]) for n in filled if n in registered} - given_ids
+    return replaced_originals(module, filled)
 
 
 @spec_property("FC-VISIBLE")
@@ -422,9 +419,9 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     filled = _expected(module, call, tensors)
     assume(not isinstance(filled, ExpectedError))
     registered = named_tensors(module)
-    still_seen = {id(v) for v in expected_view(module, filled).values()}
+    out_of_reach = replaced_originals(module, filled)
     replaced = {n: registered[n] for n in filled
-                if n in registered and id(registered[n]) not in still_seen}
+                if n in registered and id(registered[n]) in out_of_reach}
     grads_before = {n: p.grad for n, p in replaced.items()}
     given_before = dict(given)  # the call may write back into ``given``
     outcome = _call(target, module, call, tensors=tensors)

@@ -14,6 +14,7 @@ from swapspec.properties.common import (
     conversion_named,
     is_uninitialized,
     module_state,
+    replaced_originals,
     spec_property,
 )
 from swapspec.properties.deviations import Checker
@@ -47,13 +48,11 @@ def test_functional_call_on_converted_module(target, data):
     filled = expected_outcome(module, call.tensors, tie_weights=call.tie_weights,
                               strict=call.strict)
     assume(not isinstance(filled, ExpectedError))
-    registered = named_tensors(module)
-    replaced = {id(registered[n]) for n in filled if n in registered}
+    replaced = replaced_originals(module, filled)
     reached = {slot_of(module, n) for n in filled}
     attempt(lambda: target.functional_call(module, call.tensors, call.args, call.kwargs,
                                            tie_weights=call.tie_weights, strict=call.strict))
-    check_untouched(check, before, module, "not-restored",
-                    values_of=replaced - {id(v) for v in filled.values()},
+    check_untouched(check, before, module, "not-restored", values_of=replaced,
                     names={n for n in before.slots if slot_of(module, n) in reached})
     check.verdict(partial(call_repro, example, target))
 
