@@ -24,11 +24,12 @@ def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -
 
     Also relaxes what a host profile may set that does not fit torch: the deadline
     (torch's first calls are slow and machines are noisy), the too-slow and data-too-large
-    health checks, and any in ``suppress``.
+    health checks, and any in ``suppress``; and always prints a failure's
+    ``@reproduce_failure`` blob, so a random run's failure can be replayed exactly.
     """
-    relax = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                            HealthCheck.data_too_large,
-                                                            *suppress])
+    relax = settings(deadline=None, print_blob=True,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                            *suppress])
 
     def mark(test: Callable) -> Callable:
         return pytest.mark.swapspec_property(property_id)(relax(test))

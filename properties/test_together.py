@@ -21,11 +21,12 @@ from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, named_tensors
 from swapspec.properties.oracle import ExpectedError, expected_outcome, slot_of
 from swapspec.properties.repro import call_repro
-from swapspec.strategies import call_inputs, conversions, flag_settings, module_trees
+from swapspec.strategies import call_inputs, flag_settings, module_trees
+from swapspec.strategies.conversions import modules_with_conversions
 
 trees = module_trees()
-cpu_conversions = conversions(devices=["cpu"], raising=False).filter(
-    lambda c: c.preserves_values and not c.changes_impl)
+converted = modules_with_conversions(trees, ["cpu"],
+                                     where=lambda c: c.preserves_values and not c.changes_impl)
 
 
 @spec_property("TOGETHER-CONVERTED-CALL")
@@ -35,13 +36,12 @@ def test_functional_call_on_converted_module(target, data):
 
     Origin: ``model.half()`` then ``torch.func.functional_call`` (PR #92536 tests).
     """
-    module = data.draw(trees, label="module")
-    conversion = data.draw(cpu_conversions, label="conversion")
+    module, conversion = data.draw(converted, label="module and conversion")
     flags = data.draw(flag_settings(), label="flags")
     outcome = attempt(lambda: target.apply(module, conversion.make_fn(), overwrite=flags.overwrite,
                                            swap=flags.swap))
     assume(outcome.error is None)
-    call = data.draw(call_inputs(module, forms=target.call_forms), label="call")
+    call = data.draw(call_inputs(module, forms=target.call_forms, valid=True), label="call")
     example = Example(module, conversion=conversion, flags=flags, call=call)
     check = Checker("TOGETHER-CONVERTED-CALL", target, example)
     before = module_state(module)
