@@ -321,7 +321,7 @@ def test_apply_recurse_false_touches_own_tensors_only(target, case, flags):
 
 
 @spec_property("APPLY-ATOMIC")
-@given(module=module_trees(wrappers=WRAPPERS, needs=("leaf-grads",)), flags=flag_settings(),
+@given(module=module_trees(wrappers=WRAPPERS, needs=("leaf-grads", "tensor")), flags=flag_settings(),
        data=st.data())
 def test_apply_is_atomic(target, module, flags, data):
     """If ``fn`` raises on any tensor, the module is left exactly as it was and the error propagates.

@@ -195,7 +195,8 @@ def _shape(draw: Any, chosen: dict[str, Any], form: str) -> tuple[Any, str]:
 
 
 def _invalidate(
-    draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator, forms: Sequence[str]
+    draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator, forms: Sequence[str],
+    valid: bool = False,
 ) -> tuple[Any, str]:
     kinds = [k for k in INVALID_KINDS if k != "non-dict-element" or set(forms) - {"dict"}]
     kind = draw(st.sampled_from(kinds))
@@ -205,8 +206,11 @@ def _invalidate(
         return (chosen, [("weight", 1.0)]), kind
     bad = dict(chosen)
     if kind == "non-tensor-value":
-        names = sorted(valid_names(module)) or ["extra"]
-        bad[draw(st.sampled_from(names))] = 0.5
+        named = valid_names(module)
+        name = draw(st.sampled_from(sorted(named) or ["extra"]))
+        bad[name] = 0.5
+        if valid:  # the given aliases of that tensor get the same object: no tie conflict
+            bad.update({n: bad[name] for n in bad if name in named and named.get(n) is named[name]})
     else:
         subs = [p for p, _ in module.named_modules() if p]
         bad[f"{draw(st.sampled_from(subs))}." if subs else "."] = tensor_values((FEATURES,), "float32", gen)
@@ -266,7 +270,7 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
     tensors, form = _shape(draw, chosen, draw(st.sampled_from(shapes)))
     bad = None
     if invalid and _chance(draw, invalid_chance):
-        tensors, bad = _invalidate(draw, module, tensors, chosen, gen, forms)
+        tensors, bad = _invalidate(draw, module, tensors, chosen, gen, forms, valid)
         tags.add(f"invalid: {bad}")
     kwargs: dict[str, Any] = {}
     if failing and _chance(draw, 15):

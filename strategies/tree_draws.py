@@ -46,7 +46,7 @@ PARAM_DTYPES = ("float32", "float16", "float64", "bfloat16", "complex64")
 BUFFER_DTYPES = (*PARAM_DTYPES, "int64", "bool")
 BEHAVIOURS = ("inplace", "rebind", "raise", "report")
 NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
-         "parametrizable")
+         "parametrizable", "tensor")
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -563,6 +563,8 @@ def tree_specs(
         root = _with_updating_leaf(root, o.behaviours)
     if "parametrizable" in o.needs:
         root = _with_matrix_parameter(root)
+    if "tensor" in o.needs and not tree_slots(root):
+        root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),)))
     if "grad" in o.needs and o.grads and all(slot.buffer for slot in tree_slots(root)):
         root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0", grad=True),)))
     tie_specs = _ties(draw, root, tie_chance) if o.ties else ()
@@ -662,7 +664,8 @@ def module_trees(
       drawn without ties or shares gets a module registered again under the root),
       ``'updating-leaf'`` (a generic leaf updates or rebinds a buffer in forward, one of
       ``behaviours``' ``inplace``/``rebind``), ``'parametrizable'`` (a plain float32 matrix
-      parameter, which every parametrization applies to). A tree with no
+      parameter, which every parametrization applies to), ``'tensor'`` (at least one tensor slot).
+      A tree with no
       leaf that can take the
       feature (no parameter at all) is drawn as it is.
 
