@@ -351,16 +351,19 @@ def identity_preserving_clones(values: Any) -> dict[int, Any]:
     return {id(v): clone_value(v) for v in values}
 
 
-def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any) -> tuple[nn.Module, dict]:
+def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any,
+                own: dict[str, Tensor] | None = None) -> tuple[nn.Module, dict]:
     """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it.
 
     The copy keeps every alias the real call has: a name filled with one of the module's own
     tensors gets the copy's counterpart of that tensor (so it still shares the object with the
     slots that hold it, and sees forward's in-place updates through them); every other filled
-    object gets one clone, shared by every name filled with it.
+    object gets one clone, shared by every name filled with it. ``own`` is the module's
+    ``named_tensors`` before the call (default: now; after a call that did not restore the
+    module, pass what it held before).
     """
     copy = tree_info(module).build()
-    counterparts = own_counterparts(module, copy)
+    counterparts = own_counterparts(named_tensors(module) if own is None else own, copy)
     stand_ins = {**identity_preserving_clones(v for v in filled.values() if id(v) not in counterparts),
                  **counterparts}
     for name, value in filled.items():
@@ -369,11 +372,12 @@ def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any) -> tuple[n
     return copy, fresh_kwargs(call)
 
 
-def own_counterparts(module: nn.Module, copy: nn.Module) -> dict[int, Tensor]:
-    """Each of ``module``'s own tensors (by id) -> the tensor ``copy`` holds under the same name.
+def own_counterparts(mine: dict[str, Tensor], copy: nn.Module) -> dict[int, Tensor]:
+    """Each of the module's own tensors ``mine`` (by name, as ``named_tensors`` gives them; keyed
+    by id here) -> the tensor ``copy`` holds under the same name.
 
-    ``copy`` is a fresh build of ``module``'s tree, so its tensors are tied as ``module``'s are."""
-    mine, theirs = named_tensors(module), named_tensors(copy)
+    ``copy`` is a fresh build of the module's tree, so its tensors are tied as the module's are."""
+    theirs = named_tensors(copy)
     return {id(t): theirs[name] for name, t in mine.items() if name in theirs}
 
 
@@ -413,7 +417,9 @@ def fresh_kwargs(call: Any) -> dict[str, Any]:
     return {k: ([] if k == "report" else v) for k, v in call.kwargs.items()}
 
 
-def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any) -> Outcome:
-    """What forward does on a loaded copy: the spec's model of the call's result."""
-    copy, kwargs = loaded_copy(module, filled, call)
+def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any,
+                 own: dict[str, Tensor] | None = None) -> Outcome:
+    """What forward does on a loaded copy: the spec's model of the call's result (``own``: as
+    for ``loaded_copy``)."""
+    copy, kwargs = loaded_copy(module, filled, call, own)
     return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))

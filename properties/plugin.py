@@ -17,9 +17,10 @@ Options (each also read from an environment variable, then from the ini file):
   is loaded, so the host project's own choice stands.
 - ``--swapspec-report`` / ``SWAPSPEC_REPORT``: write the conformance table (and the filter
   rates) as JSON there.
-- ``--swapspec-database`` / ``SWAPSPEC_DATABASE``: a directory; swapspec's properties (only
-  they) save and replay their examples in ``DirectoryBasedExampleDatabase`` there, so a failure
-  found by one run (a fuzzing campaign, another machine on a shared folder) replays in the next.
+- ``--swapspec-database`` / ``SWAPSPEC_DATABASE``: a directory (or ``redis://host:port/db``);
+  swapspec's properties (only they) save and replay their examples in a
+  ``DirectoryBasedExampleDatabase`` there (a ``RedisExampleDatabase``), so a failure found by
+  one run (a fuzzing campaign, another machine on a shared folder) replays in the next.
 - ``--swapspec-filter-rates``: print, for every property x target, the share of the test cases
   Hypothesis generated that were invalid (filtered by ``assume``/``filter``).
 """
@@ -76,8 +77,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Hypothesis profile to load: " + ", ".join(PROFILES))
     group.addoption("--swapspec-report", default=None, help="write the conformance table as JSON")
     group.addoption("--swapspec-database", default=None,
-                    help="directory of a Hypothesis example database for swapspec's properties "
-                         "(shared by runs, processes and machines)")
+                    help="directory (or redis://host:port/db) of a Hypothesis example database "
+                         "for swapspec's properties, shared by runs, processes and machines")
     group.addoption("--swapspec-filter-rates", action="store_true", default=False,
                     help="print each property x target's share of invalid generated test cases")
     group.addoption("--swapspec-property", default=None,
@@ -329,10 +330,21 @@ def _shared_database(config: pytest.Config):
     if path is None:
         return None
     if not hasattr(config, "swapspec_database"):
-        from hypothesis.database import DirectoryBasedExampleDatabase
-
-        config.swapspec_database = DirectoryBasedExampleDatabase(path)
+        config.swapspec_database = example_database(path)
     return config.swapspec_database
+
+
+def example_database(location: str):
+    """``DirectoryBasedExampleDatabase(location)``, or for ``redis://host:port/db`` a
+    ``RedisExampleDatabase`` on that server (needs ``hypothesis[redis]``)."""
+    if location.startswith(("redis://", "rediss://")):
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+
+        return RedisExampleDatabase(redis.Redis.from_url(location))
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    return DirectoryBasedExampleDatabase(location)
 
 
 def _use_shared_database(item: pytest.Item) -> None:

@@ -103,10 +103,13 @@ def _headline(element: ET.Element) -> str:
     return message.splitlines()[0][:300] if message else element.tag
 
 
-def soak_once(index: int, target: str, extra: list[str], timeout: float) -> Run:
-    """One run with a fresh seed; a run that fails without a JUnit failure (a crash, a usage
-    error, a timeout) counts as one failure of the whole run."""
-    seed, profile = secrets.randbelow(2**32), profile_of(index)
+def soak_once(index: int, target: str, extra: list[str], timeout: float,
+              profile: str | None = None) -> Run:
+    """One run with a fresh seed (and ``profile``, else the alternation's); a run that fails
+    without a JUnit failure (a crash, a usage error, a timeout) counts as one failure of the
+    whole run."""
+    seed = secrets.randbelow(2**32)
+    profile = profile_of(index) if profile is None else (None if profile == "default" else profile)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     with tempfile.TemporaryDirectory(prefix="swapspec-soak-") as tmp:
         junit = Path(tmp) / "junit.xml"
@@ -155,12 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="reference", help="--swapspec-target (default: reference)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run (default 1800)")
     parser.add_argument("--log", default=None, help="append each run as a JSON line to this file")
+    parser.add_argument("--profile", default=None,
+                        help="one profile for every run (a swapspec profile, or 'default'); "
+                             "default: alternate swapspec-dev and Hypothesis' default")
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)
     runs = []
     for index in range(args.runs):
-        run = soak_once(index, args.target, extra, args.timeout)
+        run = soak_once(index, args.target, extra, args.timeout, args.profile)
         runs.append(run)
         print(describe(run, args.runs), flush=True)
         for f in run.failures:

@@ -109,11 +109,12 @@ def _raised_as_expected(check: Checker, outcome: Outcome, expected: ExpectedErro
 
 
 def _no_call_error(check: Checker, outcome: Outcome, module, filled, call) -> None:
-    """Clause ``raised``: a valid call raises only what forward raises on a loaded copy."""
+    """Clause ``raised``: a valid call raises only what forward raises on a loaded copy (of the
+    module as it was before the call: a target that did not restore it must not move the copy)."""
     error = outcome.error
     if error is None:
         return
-    want = copy_outcome(module, filled, call).error
+    want = copy_outcome(module, filled, call, own=check.example.names_before).error
     check.that(type(error) is type(want), "raised",
                f"a valid call raised {type(error).__name__}: {error}")
 

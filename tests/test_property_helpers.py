@@ -135,3 +135,17 @@ def test_the_copy_leaves_the_module_and_the_given_tensors_alone():
     copy_outcome(module, filled_of(module, c), c)
     assert all(same_values(t, values[n]) for n, t in named_tensors(module).items())
     assert same_values(fresh, torch.full((1,), 0.5))
+
+
+def test_the_copy_judges_own_tensors_by_the_module_before_the_call():
+    """A target that left a given tensor in a slot (no restore) must not make it the module's
+    own: with ``own`` the names the module held before, the copy gets a clone of it."""
+    module = buffer_updated_by_a_sibling(tied=False)
+    before = named_tensors(module)
+    fresh = torch.full((1,), 0.5)
+    module[1]._buffers["b1"] = fresh  # what an unrestored call leaves
+    c = call({"1.b1": fresh})
+    copy, _ = loaded_copy(module, filled_of(module, c), c, own=before)
+    assert copy[1].b1 is not copy[0].steps and same_values(copy[1].b1, fresh)
+    unjudged, _ = loaded_copy(module, filled_of(module, c), c)
+    assert not same_values(unjudged[1].b1, fresh)  # judged by the module now: its own slot
