@@ -271,9 +271,11 @@ def _shares(draw: Draw, root: LeafSpec | ContainerSpec) -> tuple[ShareSpec, ...]
 
 
 def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec, ...],
-                 chance: int, kinds: tuple[str, ...]) -> tuple[DecorationSpec, ...]:
-    """With ``chance`` percent, 1-2 decorations, each on a parameter (or module) not yet decorated,
-    of a kind drawn among those that have a slot to decorate (none is drawn in vain).
+                 chance: int, kinds: tuple[str, ...],
+                 feasible_only: bool = False) -> tuple[DecorationSpec, ...]:
+    """With ``chance`` percent, 1-2 decorations, each on a parameter (or module) not yet decorated
+    (``feasible_only``: of a kind drawn among those that have a slot to decorate, so none is
+    drawn in vain).
 
     Tied slots are left alone (a parametrization moves the tensor it decorates), and so are
     ``Parameter`` subclasses, which ``parametrize`` refuses, and sparse embeddings' weights
@@ -300,7 +302,7 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
                 and (s.path, s.name) not in (frozen if kind == "tensor-hooks" else tagged | sparse)]
 
     for _ in range(draw(st.integers(1, 2))):
-        feasible = [k for k in kinds if k == "module-hooks" or candidates(k)]
+        feasible = [k for k in kinds if k == "module-hooks" or candidates(k)] if feasible_only else kinds
         if not feasible:
             break
         kind = draw(st.sampled_from(feasible))
@@ -310,9 +312,11 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
                 used.add((path, ""))
                 out.append(DecorationSpec(kind, path))
             continue
-        slot = draw(st.sampled_from(candidates(kind)))
-        used.add((slot.path, slot.name))
-        out.append(DecorationSpec(kind, slot.path, slot.name))
+        slots = candidates(kind)
+        if slots:
+            slot = draw(st.sampled_from(slots))
+            used.add((slot.path, slot.name))
+            out.append(DecorationSpec(kind, slot.path, slot.name))
     return tuple(out)
 
 
@@ -576,7 +580,8 @@ def tree_specs(
         raise ValueError(f"decoration_kinds must be a non-empty subset of {DECORATION_KINDS}; "
                          f"unknown: {unknown}")
     kinds = tuple(k for k in DECORATION_KINDS if k in decoration_kinds)
-    decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds)
+    decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds,
+                               feasible_only="parametrizable" in o.needs)
     # slots whose own object does not survive the build: tie targets, decorated parameters
     taken = ({slot for tie in tie_specs for slot in tie.slots[1:]}
              | {(d.path, d.name) for d in decorations if d.kind != "tensor-hooks"})
@@ -664,7 +669,8 @@ def module_trees(
       drawn without ties or shares gets a module registered again under the root),
       ``'updating-leaf'`` (a generic leaf updates or rebinds a buffer in forward, one of
       ``behaviours``' ``inplace``/``rebind``), ``'parametrizable'`` (a plain float32 matrix
-      parameter, which every parametrization applies to), ``'tensor'`` (at least one tensor slot).
+      parameter, which every parametrization applies to; decorations are then drawn among the
+      kinds that have a slot), ``'tensor'`` (at least one tensor slot).
       A tree with no
       leaf that can take the
       feature (no parameter at all) is drawn as it is.
