@@ -23,7 +23,7 @@ from swapspec.properties.examples import (
     same_values,
     slots,
 )
-from swapspec.properties.oracle import owner_of
+from swapspec.properties.oracle import expected_view, owner_of
 from swapspec.strategies import call_inputs, tree_info
 
 
@@ -32,11 +32,12 @@ def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -
 
     Also relaxes what a host profile may set that does not fit torch: the deadline
     (torch's first calls are slow and machines are noisy), the too-slow and data-too-large
-    health checks, and any in ``suppress``.
+    health checks, and any in ``suppress``; and always prints a failure's
+    ``@reproduce_failure`` blob, so a random run's failure can be replayed exactly.
     """
-    relax = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                            HealthCheck.data_too_large,
-                                                            *suppress])
+    relax = settings(deadline=None, print_blob=True,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                            *suppress])
 
     def mark(test: Callable) -> Callable:
         return pytest.mark.swapspec_property(property_id)(relax(test))
@@ -375,14 +376,48 @@ def identity_preserving_clones(values: Any) -> dict[int, Any]:
     return {id(v): clone_value(v) for v in values}
 
 
-def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any) -> tuple[nn.Module, dict]:
-    """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it."""
+def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any,
+                own: dict[str, Tensor] | None = None) -> tuple[nn.Module, dict]:
+    """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it.
+
+    The copy keeps every alias the real call has: a name filled with one of the module's own
+    tensors gets the copy's counterpart of that tensor (so it still shares the object with the
+    slots that hold it, and sees forward's in-place updates through them); every other filled
+    object gets one clone, shared by every name filled with it. ``own`` is the module's
+    ``named_tensors`` before the call (default: now; after a call that did not restore the
+    module, pass what it held before).
+    """
     copy = tree_info(module).build()
-    clones = identity_preserving_clones(filled.values())
+    counterparts = own_counterparts(named_tensors(module) if own is None else own, copy)
+    stand_ins = {**identity_preserving_clones(v for v in filled.values() if id(v) not in counterparts),
+                 **counterparts}
     for name, value in filled.items():
         owner, key = owner_of(copy, name)
-        load_into(owner, key, clones[id(value)])
+        load_into(owner, key, stand_ins[id(value)])
     return copy, fresh_kwargs(call)
+
+
+def own_counterparts(mine: dict[str, Tensor], copy: nn.Module) -> dict[int, Tensor]:
+    """Each of the module's own tensors ``mine`` (by name, as ``named_tensors`` gives them; keyed
+    by id here) -> the tensor ``copy`` holds under the same name.
+
+    ``copy`` is a fresh build of the module's tree, so its tensors are tied as the module's are."""
+    theirs = named_tensors(copy)
+    return {id(t): theirs[name] for name, t in mine.items() if name in theirs}
+
+
+def replaced_originals(module: nn.Module, filled: dict[str, Any]) -> set[int]:
+    """Ids of the module's own tensors that a valid call filled with ``filled`` takes out of
+    reach: every slot that held one holds a filled value during the call.
+
+    Only these must keep their values: an original that an unfilled alias still shows (a
+    tied buffer with ``tie_weights=False``), or that is itself a filled value, is forward's to
+    update in place.
+    """
+    registered = named_tensors(module)
+    reachable = {id(v) for v in expected_view(module, filled).values()}
+    reachable |= {id(v) for v in filled.values()}
+    return {id(registered[n]) for n in filled if n in registered} - reachable
 
 
 def fresh_copy_holding(module: nn.Module) -> nn.Module:
@@ -407,9 +442,11 @@ def fresh_kwargs(call: Any) -> dict[str, Any]:
     return {k: ([] if k == "report" else v) for k, v in call.kwargs.items()}
 
 
-def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any) -> Outcome:
-    """What forward does on a loaded copy: the spec's model of the call's result."""
-    copy, kwargs = loaded_copy(module, filled, call)
+def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any,
+                 own: dict[str, Tensor] | None = None) -> Outcome:
+    """What forward does on a loaded copy: the spec's model of the call's result (``own``: as
+    for ``loaded_copy``)."""
+    copy, kwargs = loaded_copy(module, filled, call, own)
     return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
 
 

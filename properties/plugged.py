@@ -51,3 +51,18 @@ def _reported(conversion: Any) -> Any:
 def with_modules(base: st.SearchStrategy) -> st.SearchStrategy:
     """``base`` plus the running target's ``modules``, each as a one-leaf tree."""
     return _plugged(base, "modules", host_trees)
+
+
+@st.composite
+def _with_own_conversion(draw: Any, base: st.SearchStrategy) -> tuple[Any, Any]:
+    module, conversion = draw(base)
+    extra = getattr(CURRENT.get(), "conversions", None)
+    if extra is not None and draw(st.booleans()):
+        conversion = _reported(draw(extra))
+    return module, conversion
+
+
+def with_converted(base: st.SearchStrategy) -> st.SearchStrategy:
+    """``base`` draws ``(module, conversion)``; with the running target's ``conversions``, the
+    conversion is one of the target's own one chance in two."""
+    return _with_own_conversion(base)

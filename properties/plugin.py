@@ -19,6 +19,12 @@ Options (each also read from an environment variable, then from the ini file):
   failing cell lists its failures (property, clause, message, repro).
 - ``--swapspec-repro-dir`` / ``SWAPSPEC_REPRO_DIR``: also write each failure's standalone repro
   to a file there, named after the test id.
+- ``--swapspec-database`` / ``SWAPSPEC_DATABASE``: a directory (or ``redis://host:port/db``);
+  swapspec's properties (only they) save and replay their examples in a
+  ``DirectoryBasedExampleDatabase`` there (a ``RedisExampleDatabase``), so a failure found by
+  one run (a fuzzing campaign, another machine on a shared folder) replays in the next.
+- ``--swapspec-filter-rates``: print, for every property x target, the share of the test cases
+  Hypothesis generated that were invalid (filtered by ``assume``/``filter``).
 
 A failure's repro is printed as its own section of the failure report, between two separator
 lines and without pytest's ``E`` prefixes, ready to paste.
@@ -78,6 +84,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--swapspec-report", default=None, help="write the conformance table as JSON")
     group.addoption("--swapspec-repro-dir", default=None,
                     help="write each failure's standalone repro to a file in this directory")
+    group.addoption("--swapspec-database", default=None,
+                    help="directory (or redis://host:port/db) of a Hypothesis example database "
+                         "for swapspec's properties, shared by runs, processes and machines")
+    group.addoption("--swapspec-filter-rates", action="store_true", default=False,
+                    help="print each property x target's share of invalid generated test cases")
     group.addoption("--swapspec-property", default=None,
                     help="run only these property IDs (comma-separated, e.g. FC-TIES,APPLY-TIES)")
     parser.addini("swapspec_target", "default target(s) when neither --swapspec-target nor "
@@ -329,18 +340,90 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> 
                                                 "failures": [failure]}))
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, trylast=True)  # inside Hypothesis' own wrapper: see _count_cases
 def pytest_runtest_call(item: pytest.Item):
     before = Counter(deviations.OBSERVED)
     region, shown = Counter(deviations.IN_REGION), Counter(deviations.SHOWN)
     try:
-        return (yield)
+        with _count_cases(item):
+            _use_shared_database(item)
+            return (yield)
     finally:
         item.swapspec_deviations = dict(Counter(deviations.OBSERVED) - before)
         hits = Counter(deviations.IN_REGION) - region
         seen = Counter(deviations.SHOWN) - shown
         item.swapspec_stale = [key for key, n in hits.items()
                                if n >= deviations.SOMETIMES_MIN_REGION and not seen[key]]
+
+
+def _shared_database(config: pytest.Config):
+    """The example database ``--swapspec-database`` / ``SWAPSPEC_DATABASE`` names (one per
+    run), or None."""
+    path = _option(config, "--swapspec-database", "SWAPSPEC_DATABASE")
+    if path is None:
+        return None
+    if not hasattr(config, "swapspec_database"):
+        config.swapspec_database = example_database(path)
+    return config.swapspec_database
+
+
+def example_database(location: str):
+    """``DirectoryBasedExampleDatabase(location)``, or for ``redis://host:port/db`` a
+    ``RedisExampleDatabase`` on that server (needs ``hypothesis[redis]``)."""
+    if location.startswith(("redis://", "rediss://")):
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+
+        return RedisExampleDatabase(redis.Redis.from_url(location))
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    return DirectoryBasedExampleDatabase(location)
+
+
+def _use_shared_database(item: pytest.Item) -> None:
+    """Point a property's Hypothesis settings at the shared example database, if one is named.
+
+    Only swapspec's property tests are touched, and only their ``database``: the host's
+    profile (examples, phases, deadline) and its other tests stay as they are.
+    """
+    database = _shared_database(item.config)
+    if database is None or not is_property_test(item):
+        return
+    test = getattr(item.obj, "__func__", item.obj)
+    current = getattr(test, "_hypothesis_internal_use_settings", None)
+    if current is not None and current.database is not database:
+        test._hypothesis_internal_use_settings = settings(current, database=database)
+
+
+@contextlib.contextmanager
+def _count_cases(item: pytest.Item) -> Iterator[None]:
+    """Record how many test cases Hypothesis' generate phase ran and how many of them were
+    invalid (rejected by ``assume`` or a ``filter``) as ``item.swapspec_cases``.
+
+    Overruns are left out of both counts: they are Hypothesis' own probes past its buffer
+    (even ``st.lists(st.integers())`` has some), not examples a property filtered.
+
+    Hypothesis hands its statistics to ``hypothesis.statistics.collector``; its pytest plugin
+    sets that callback around the test, and this one is chained inside it, so
+    ``--hypothesis-show-statistics`` keeps working.
+    """
+    from hypothesis.statistics import collector
+
+    outer = collector.value
+
+    def note(stats: dict) -> None:
+        cases = stats.get("generate-phase", {}).get("test-cases", [])
+        statuses = Counter(case["status"] for case in cases)
+        item.swapspec_cases = {"cases": len(cases) - statuses["overrun"],
+                               "invalid": statuses["invalid"]}
+        if outer is not None:
+            outer(stats)
+
+    if not is_property_test(item):
+        yield
+        return
+    with collector.with_value(note):
+        yield
 
 
 @pytest.hookimpl(wrapper=True)
@@ -361,6 +444,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if report.failed:
             entry["failures"] = _failures(pid, call, report)
             _show_repros(item, report, entry["failures"])
+        if report.when == "call" and hasattr(item, "swapspec_cases"):
+            entry["cases"] = item.swapspec_cases
         report.user_properties.append((REPORT_KEY, entry))
     return report
 
@@ -550,6 +635,36 @@ def _column_blocks(table, targets, headers, cells, width) -> list[list[str]]:
     return blocks
 
 
+def filter_rates(results: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
+    """``{property: {target: {"cases": n, "invalid": k}}}``: the generate phase's test cases
+    of every test of that pair, summed, and how many of them were invalid."""
+    table: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+    for r in results:
+        if "cases" not in r:
+            continue
+        cell = table[r["property"]].setdefault(r["target"], {"cases": 0, "invalid": 0})
+        cell["cases"] += r["cases"]["cases"]
+        cell["invalid"] += r["cases"]["invalid"]
+    return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
+
+
+def render_rate(cell: dict[str, int]) -> str:
+    """``12.5% (5/40)``: the invalid share of the generate phase's test cases."""
+    share = 100 * cell["invalid"] / cell["cases"] if cell["cases"] else 0.0
+    return f"{share:.1f}% ({cell['invalid']}/{cell['cases']})"
+
+
+def render_rates(rates: dict[str, dict[str, dict[str, int]]]) -> list[str]:
+    """The filter-rate table as Markdown rows, property x target."""
+    targets = sorted({t for row in rates.values() for t in row})
+    lines = ["| property | " + " | ".join(targets) + " |",
+             "|---|" + "---:|" * len(targets)]
+    lines += [f"| `{pid}` | " + " | ".join(render_rate(row[t]) if t in row else "-"
+                                           for t in targets) + " |"
+              for pid, row in rates.items()]
+    return lines
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     results = getattr(config, "swapspec_results", None)
     if not results or hasattr(config, "workerinput"):
@@ -559,8 +674,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(f"torch {torch.__version__}")
     for line in render_table(table):
         terminalreporter.write_line(line)
+    rates = filter_rates(results)
+    if config.getoption("--swapspec-filter-rates"):
+        terminalreporter.write_sep("=", "swapspec filter rates (invalid share of generated cases)")
+        for line in render_rates(rates):
+            terminalreporter.write_line(line)
     path = _option(config, "--swapspec-report", "SWAPSPEC_REPORT")
     if path:
         with open(path, "w") as f:
-            json.dump({"torch": torch.__version__, "table": table}, f, indent=2, sort_keys=True)
+            json.dump({"torch": torch.__version__, "table": table, "filter_rates": rates}, f,
+                      indent=2, sort_keys=True)
         terminalreporter.write_line(f"swapspec: wrote JSON report to {path}")

@@ -39,17 +39,26 @@ from swapspec.properties.examples import (
     same_values,
     slots,
 )
-from swapspec.properties.plugged import with_conversions, with_modules
+from swapspec.properties.plugged import with_converted, with_modules
 from swapspec.properties.repro import apply_repro
-from swapspec.strategies import conversions, flag_settings, module_trees, value_changing_conversions
-from swapspec.strategies.conversions import raising_conversion
+from swapspec.strategies import FlagSetting, flag_settings, module_trees, value_changing_conversions
+from swapspec.strategies.conversions import modules_with_conversions, raising_conversion
 from swapspec.strategies.trees import WRAPPERS
 
-builtin_trees = module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE)  # functional_call refuses DataParallel
-# A target's own modules too, where a one-leaf tree is as good an example as any; the properties
-# that need ties, grads, None slots, children or a refused swap draw the built-in trees only.
-trees = with_modules(builtin_trees)
-plain_conversions = with_conversions(conversions(raising=False))
+# Each property draws the trees it needs by construction (see module_trees' ``needs``), and a
+# conversion that runs on the drawn tree (modules_with_conversions), so few examples are filtered.
+# A target's own modules and conversions too, where a one-leaf tree is as good an example as any;
+# the properties that need ties, grads, None slots, children or a refused swap draw built-in trees.
+trees = with_modules(module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE))  # functional_call refuses DataParallel
+converted = with_converted(modules_with_conversions(trees))
+converted_with_grads = modules_with_conversions(module_trees(wrappers=WRAPPERS, needs=("grad",)))
+converted_with_none_slots = modules_with_conversions(module_trees(
+    wrappers=WRAPPERS, needs=("none-slot",), world_chance=WORLD_CHANCE))
+converted_with_ties = modules_with_conversions(module_trees(
+    wrappers=WRAPPERS, tie_chance=100, needs=("alias",), world_chance=WORLD_CHANCE))
+converted_containers = modules_with_conversions(module_trees(
+    wrappers=WRAPPERS, needs=("container-root",), world_chance=WORLD_CHANCE))
+converted_across_impls = modules_with_conversions(trees, where=lambda c: c.changes_impl)
 
 
 def _setup(target, property_id, module, conversion, flags, recurse=True, fn_may_raise=False):
@@ -67,13 +76,14 @@ def _verdict(check: Checker, example: Example, target) -> None:
 
 
 @spec_property("APPLY-PATH")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_path(target, module, conversion, flags):
+@given(case=converted, flags=flag_settings())
+def test_apply_path(target, case, flags):
     """Each parameter takes the path its flags and TensorImpl compatibility choose.
 
     set_data keeps the object and its ``_cdata``; swap keeps the object with new
     ``_cdata``; overwrite puts a new object in the slot. Origin: pytorch #21613, #113000.
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-PATH", module, conversion, flags)
     assume(snap.expected_error is None)
     outcome = run_apply(target, example, conversion.make_fn())
@@ -88,13 +98,13 @@ def test_apply_path(target, module, conversion, flags):
 
 
 @spec_property("APPLY-NO-SET-DATA-ACROSS-IMPL")
-@given(module=trees, conversion=conversions(raising=False).filter(lambda c: c.changes_impl),
-       flags=flag_settings())
-def test_apply_never_set_data_across_impl(target, module, conversion, flags):
+@given(case=converted_across_impls, flags=flag_settings())
+def test_apply_never_set_data_across_impl(target, case, flags):
     """A conversion that changes the TensorImpl type succeeds and never goes through ``.data =``.
 
     Origin: pytorch #17072: ``param.data = fn(param.data)`` broke ``model.to(xla)``.
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-NO-SET-DATA-ACROSS-IMPL", module, conversion,
                                   flags)
     assume(snap.expected_error is None)
@@ -111,13 +121,14 @@ def test_apply_never_set_data_across_impl(target, module, conversion, flags):
 
 
 @spec_property("APPLY-VALUES")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_values(target, module, conversion, flags):
+@given(case=converted, flags=flag_settings())
+def test_apply_values(target, case, flags):
     """Every parameter and buffer ends with ``fn``'s result: dtype, device, layout and values.
 
     Values are compared unless the conversion does not preserve them (``to_empty``, meta).
     Origin: the contract of ``nn.Module.to``/``half``/``cpu``.
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-VALUES", module, conversion, flags)
     assume(snap.expected_error is None)
     outcome = run_apply(target, example, conversion.make_fn())
@@ -138,13 +149,14 @@ def _describe(t) -> str:
 
 
 @spec_property("APPLY-PARAMETER-IDENTITY")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_keeps_parameter_class_and_attributes(target, module, conversion, flags):
+@given(case=converted, flags=flag_settings())
+def test_apply_keeps_parameter_class_and_attributes(target, case, flags):
     """Every parameter keeps its class, instance attributes and ``requires_grad`` on every path.
 
     Origin: ``Parameter`` subclasses and lazy modules' ``UninitializedParameter`` broke under
     the overwrite and swap paths (pytorch #113000 discussion).
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-PARAMETER-IDENTITY", module, conversion, flags)
     assume(snap.expected_error is None)
     outcome = run_apply(target, example, conversion.make_fn())
@@ -172,13 +184,14 @@ _MISSING = object()
 
 
 @spec_property("APPLY-GRADS")
-@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_converts_grads(target, module, conversion, flags):
+@given(case=converted_with_grads, flags=flag_settings())
+def test_apply_converts_grads(target, case, flags):
     """A parameter's grad is converted by ``fn`` and keeps its ``requires_grad``; a leaf grad
     stays a leaf (one from ``backward(create_graph=True)`` carries a graph and need not).
 
     Origin: ``_apply``'s grad handling (pytorch #17072, #113000).
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-GRADS", module, conversion, flags)
     assume(snap.expected_error is None)
     assume(any(g is not None for g in snap.grads.values()))
@@ -226,12 +239,13 @@ def _same_attribute(now, before) -> bool:
 
 
 @spec_property("APPLY-NONE-SLOTS")
-@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_keeps_none_slots(target, module, conversion, flags):
+@given(case=converted_with_none_slots, flags=flag_settings())
+def test_apply_keeps_none_slots(target, case, flags):
     """A ``None``-registered parameter or buffer stays ``None`` and registered.
 
     Origin: ``_apply`` skips ``None`` entries (``nn.Module`` contract).
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-NONE-SLOTS", module, conversion, flags)
     assume(snap.expected_error is None)
     none_slots = [name for name, v in snap.slots.items() if v is None]
@@ -246,13 +260,14 @@ def test_apply_keeps_none_slots(target, module, conversion, flags):
 
 
 @spec_property("APPLY-TIES")
-@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_keeps_ties(target, module, conversion, flags):
+@given(case=converted_with_ties, flags=flag_settings())
+def test_apply_keeps_ties(target, case, flags):
     """Names that held one tensor (tied parameters, tied buffers, shared submodules) hold one after.
 
     Origin: weight tying under ``model.to(xla)`` split ties (pytorch/xla #3718 and
     the torch_xla docs on re-tying weights after ``to``).
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-TIES", module, conversion, flags)
     assume(snap.expected_error is None)
     groups = alias_groups(module)
@@ -269,13 +284,14 @@ def test_apply_keeps_ties(target, module, conversion, flags):
 
 
 @spec_property("APPLY-FN-ONCE")
-@given(module=trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_calls_fn_once_per_tensor(target, module, conversion, flags):
+@given(case=converted, flags=flag_settings())
+def test_apply_calls_fn_once_per_tensor(target, case, flags):
     """``fn`` runs exactly once for each distinct parameter, grad and buffer object.
 
     Origin: tied weights were converted twice (``t + 1`` became ``t + 2``) on the
     set_data and swap paths.
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-FN-ONCE", module, conversion, flags)
     assume(snap.expected_error is None)
     fn = conversion.make_fn()
@@ -301,12 +317,13 @@ def test_apply_calls_fn_once_per_tensor(target, module, conversion, flags):
 
 
 @spec_property("APPLY-RECURSE-FALSE")
-@given(module=builtin_trees, conversion=plain_conversions, flags=flag_settings())
-def test_apply_recurse_false_touches_own_tensors_only(target, module, conversion, flags):
+@given(case=converted_containers, flags=flag_settings())
+def test_apply_recurse_false_touches_own_tensors_only(target, case, flags):
     """With ``recurse=False`` only the module's own slots change; descendants' tensors do not.
 
     Origin: ``nn.Module._apply(fn, recurse)`` (pytorch #91795).
     """
+    module, conversion = case
     example, check, snap = _setup(target, "APPLY-RECURSE-FALSE", module, conversion, flags,
                                   recurse=False)
     assume(snap.expected_error is None)
@@ -327,7 +344,9 @@ def test_apply_recurse_false_touches_own_tensors_only(target, module, conversion
 
 
 @spec_property("APPLY-ATOMIC")
-@given(module=builtin_trees, flags=flag_settings(), data=st.data())
+@given(module=module_trees(wrappers=WRAPPERS, needs=("leaf-grads", "tensor"),
+                           world_chance=WORLD_CHANCE), flags=flag_settings(),
+       data=st.data())
 def test_apply_is_atomic(target, module, flags, data):
     """If ``fn`` raises on any tensor, the module is left exactly as it was and the error propagates.
 
@@ -405,8 +424,9 @@ def _same_value_code(name: str, value) -> str:
 
 
 @spec_property("APPLY-REFUSED-SWAP")
-@given(module=builtin_trees, conversion=value_changing_conversions(), flags=flag_settings(),
-       data=st.data())
+@given(module=module_trees(wrappers=WRAPPERS, lazy=False, needs=("leaf-grads",),
+                            world_chance=WORLD_CHANCE),
+       conversion=value_changing_conversions(), flags=flag_settings(), data=st.data())
 def test_apply_refused_swap_changes_nothing(target, module, conversion, flags, data):
     """If a parameter or grad on the swap path cannot be swapped, apply raises ``RuntimeError``
     and the module is left exactly as it was: same objects, values and TensorImpls.
@@ -423,7 +443,10 @@ def test_apply_refused_swap_changes_nothing(target, module, conversion, flags, d
     # first; this rule is about the one refused tensor drawn here.
     assume(all(g.is_leaf for g in _all_grads(module)))
     candidates = _swapped_tensors(snap, flags)
-    assume(candidates)
+    if not candidates:  # nothing takes the swap path under these flags: the swap flag sends all
+        flags = FlagSetting(flags.overwrite, swap=True)
+        candidates = _swapped_tensors(snap, flags)
+    assume(candidates)  # a tree without parameters
     refused = data.draw(st.sampled_from(sorted(candidates)), label="refused")
     example = Example(module, conversion=conversion, flags=flags, refused=refused)
     check = Checker("APPLY-REFUSED-SWAP", target, example)

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from hypothesis import HealthCheck, assume, given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import Tensor
 from torch.nn.utils import parametrize
@@ -30,6 +30,7 @@ from swapspec.properties.common import (
     is_uninitialized,
     loaded_copy,
     module_state,
+    replaced_originals,
     same_output,
     spec_property,
     target_call_inputs,
@@ -59,18 +60,18 @@ from swapspec.strategies.decorations import PARAMETRIZATIONS
 
 trees = with_modules(module_trees())
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
-updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50)
+updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50,
+                              needs=("updating-leaf",))
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
 # whose uninitialized parameters cannot be given), so few examples are filtered.
-tied_trees = module_trees(tie_chance=100, lazy=False)
+tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",))
 
 
-def _draw(data, property_id: str, target, *, clonable=False, module_strategy=trees, **options):
-    """Draw a module and a call; ``clonable`` rules out giving uninitialized parameters."""
+def _draw(data, property_id: str, target, *, module_strategy=trees, **options):
+    """Draw a module and a call (``options`` go to ``call_inputs``: ``valid=True`` draws only
+    calls the spec accepts, so a property about valid calls filters none out)."""
     module = data.draw(module_strategy, label="module")
     call = data.draw(target_call_inputs(target, module, **options), label="call")
-    if clonable:
-        assume(not any(is_uninitialized(v) for v in call.merged().values()))
     example = Example(module, call=call)
     return module, call, example, Checker(property_id, target, example)
 
@@ -112,11 +113,12 @@ def _raised_as_expected(check: Checker, outcome: Outcome, expected: ExpectedErro
 
 
 def _no_call_error(check: Checker, outcome: Outcome, module, filled, call) -> None:
-    """Clause ``raised``: a valid call raises only what forward raises on a loaded copy."""
+    """Clause ``raised``: a valid call raises only what forward raises on a loaded copy (of the
+    module as it was before the call: a target that did not restore it must not move the copy)."""
     error = outcome.error
     if error is None:
         return
-    want = copy_outcome(module, filled, call).error
+    want = copy_outcome(module, filled, call, own=check.example.names_before).error
     check.that(type(error) is type(want), "raised",
                f"a valid call raised {type(error).__name__}: {error}")
 
@@ -173,17 +175,13 @@ def _given_values(call) -> list[Any]:
 
 
 def _replaced(module, call) -> set[int] | None:
-    """Ids of the original tensors a valid call swaps out (None: the call is invalid).
-
-    Forward may legitimately update tensors it was not given (BatchNorm running stats),
-    so only replaced originals must keep their values; an invalid call touches nothing.
-    """
+    """Ids of the original tensors a valid call takes out of forward's reach (None: the call is
+    invalid, and touches nothing). Forward may update what it can still reach (BatchNorm running
+    stats, an unfilled alias of a replaced tensor); see ``replaced_originals``."""
     filled = _expected(module, call)
     if isinstance(filled, ExpectedError):
         return None
-    registered = named_tensors(module)
-    given_ids = {id(v) for v in filled.values()}
-    return {id(registered[n]) for n in filled if n in registered} - given_ids
+    return replaced_originals(module, filled)
 
 
 @spec_property("FC-VISIBLE")
@@ -194,7 +192,7 @@ def test_fc_given_tensors_visible_in_forward(target, data):
 
     Origin: pytorch #92295 (class swapping left ``parameters()`` showing the originals).
     """
-    module, call, example, check = _draw(data, "FC-VISIBLE", target, clonable=True)
+    module, call, example, check = _draw(data, "FC-VISIBLE", target, valid=True)
     filled = _expected(module, call)
     assume(not isinstance(filled, ExpectedError))
     given = merge_inputs(call.tensors)
@@ -235,7 +233,7 @@ def test_fc_matchesloaded_copy(target, data):
     An empty dict, or the module's own tensors, gives ``module(x)``. Origin: the
     ``functional_call`` contract (torch.func docs).
     """
-    module, call, example, check = _draw(data, "FC-ORACLE", target, clonable=True)
+    module, call, example, check = _draw(data, "FC-ORACLE", target, valid=True)
     filled = _expected(module, call)
     assume(not isinstance(filled, ExpectedError))
     copy, copy_kwargs = loaded_copy(module, filled, call)
@@ -262,8 +260,8 @@ def test_fc_tie_rules(target, data):
     a shared submodule, which always share it (and conflict if given different objects).
     Origin: pytorch #86708 (ties ignored), PR #92536 (``tie_weights``).
     """
-    module, call, example, check = _draw(data, "FC-TIES", target, clonable=True,
-                                         module_strategy=tied_trees)
+    module, call, example, check = _draw(data, "FC-TIES", target, valid=True,
+                                         conflicts=True, module_strategy=tied_trees)
     groups = tie_groups(module)
     assume(groups)
     filled = _expected(module, call)
@@ -292,7 +290,7 @@ def test_fc_strict(target, data):
 
     Origin: pytorch #92153 (strict mode), PR #92536.
     """
-    module, call, example, check = _draw(data, "FC-STRICT", target, clonable=True, strict=True)
+    module, call, example, check = _draw(data, "FC-STRICT", target, valid=True, strict=True)
     expected = _expected(module, call)
     assume(not isinstance(expected, ExpectedError) or expected.rule == "strict")
     before = module_state(module)
@@ -312,7 +310,7 @@ def test_fc_input_forms(target, data):
 
     Origin: ``torch.func.functional_call`` accepts a tuple of dicts (PR #92536).
     """
-    module, call, example, check = _draw(data, "FC-INPUT-FORMS", target, clonable=True)
+    module, call, example, check = _draw(data, "FC-INPUT-FORMS", target, valid=True)
     merged = call.merged()
     assume(not isinstance(_expected(module, call, merged), ExpectedError))
     cut = data.draw(st.integers(0, len(merged)), label="split at")
@@ -367,7 +365,7 @@ def _clone_inputs(tensors):
     return copied[0] if isinstance(tensors, dict) else tuple(copied)
 
 
-@spec_property("FC-WRITE-BACK", suppress=(HealthCheck.filter_too_much,))  # needs a given buffer
+@spec_property("FC-WRITE-BACK")
 @given(data=st.data())
 def test_fc_write_back(target, data):
     """A slot rebound in forward is written into the caller's mapping; in-place updates land on the caller's tensor.
@@ -375,7 +373,7 @@ def test_fc_write_back(target, data):
     Origin: ``torch.func.functional_call`` docs (in-place updates are reflected in the
     dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
     """
-    module, call, example, check = _draw(data, "FC-WRITE-BACK", target, clonable=True,
+    module, call, example, check = _draw(data, "FC-WRITE-BACK", target, valid=True,
                                          module_strategy=updating_trees, buffers="all")
     if "tuple-disjoint" in target.call_forms and data.draw(st.booleans(), label="split"):
         call = _split(call, data.draw(st.integers(0, len(call.merged())), label="split at"))
@@ -432,7 +430,8 @@ def test_fc_bad_input(target, data):
     Covers non-tensor values, unknown submodules, non-tensor attributes, empty names and
     non-mapping input. Origin: ``NamedMemberAccessor`` (PR #92536).
     """
-    module, call, example, check = _draw(data, "FC-BAD-INPUT", target, invalid=True)
+    module, call, example, check = _draw(data, "FC-BAD-INPUT", target, valid=True,
+                                         invalid=True, invalid_chance=100)
     expected = _expected(module, call)
     assume(isinstance(expected, ExpectedError) and expected.rule in ("form", "name"))
     before = module_state(module)
@@ -441,24 +440,27 @@ def test_fc_bad_input(target, data):
     _verdict(check, example, target)
 
 
-@spec_property("FC-GRADIENTS", suppress=(HealthCheck.filter_too_much,))  # needs a grad result
+@spec_property("FC-GRADIENTS")
 @given(data=st.data())
 def test_fc_gradients_flow_to_given_tensors_only(target, data):
     """Backward through the output reaches the given tensors and not the module's replaced parameters.
 
-    Origin: the purpose of ``functional_call`` (``torch.func.grad`` over parameters).
+    Every floating parameter value given is a fresh leaf that requires grad (one leaf per given
+    object, so aliases given one object still share one); a call that gives none gets one for
+    the first parameter it can take without a conflict. Origin: the purpose of
+    ``functional_call`` (``torch.func.grad`` over parameters).
     """
-    module, call, example, check = _draw(data, "FC-GRADIENTS", target, clonable=True)
-    assume(not call.kwargs.get("fail"))
+    module, call, example, check = _draw(data, "FC-GRADIENTS", target, valid=True,
+                                         failing=False, forward_safe=True)
     params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
-    given = {n: _leaf(v) if n in params else v for n, v in call.merged().items()}
+    given = _with_grad_leaves(module, call, params)
     tensors = given if isinstance(call.tensors, dict) else (given,)  # the form drawn
     filled = _expected(module, call, tensors)
-    assume(not isinstance(filled, ExpectedError))
+    assume(not isinstance(filled, ExpectedError))  # a safety net: _with_grad_leaves keeps it valid
     registered = named_tensors(module)
-    still_seen = {id(v) for v in expected_view(module, filled).values()}
+    out_of_reach = replaced_originals(module, filled)
     replaced = {n: registered[n] for n in filled
-                if n in registered and id(registered[n]) not in still_seen}
+                if n in registered and id(registered[n]) in out_of_reach}
     grads_before = {n: p.grad for n, p in replaced.items()}
     given_before = dict(given)  # the call may write back into ``given``
     outcome = _call(target, module, call, tensors=tensors)
@@ -475,15 +477,38 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     _verdict(check, example, target)
 
 
+def _with_grad_leaves(module, call, params: set[str]) -> dict[str, Any]:
+    """The call's tensors with each floating parameter value a leaf that requires grad, one leaf
+    per given object; if none is given, a leaf for the first parameter that can take one
+    without making the call invalid."""
+    leaves: dict[int, Any] = {}
+    given = {n: leaves.setdefault(id(v), _leaf(v)) if n in params else v
+             for n, v in call.merged().items()}
+    if any(n in params and isinstance(v, Tensor) and v.requires_grad for n, v in given.items()):
+        return given
+    registered = named_tensors(module)
+    for name in sorted(params - set(given)):
+        if is_uninitialized(registered[name]):
+            continue
+        leaf = _leaf(registered[name])
+        if leaf is registered[name]:  # not a floating CPU tensor (or uninitialized)
+            continue
+        extended = {**given, name: leaf}
+        if not isinstance(_expected(module, call, extended), ExpectedError):
+            return extended
+    return given
+
+
 def _leaf(value: Any) -> Any:
-    """A fresh floating leaf that requires grad, for a given floating parameter value."""
-    if isinstance(value, Tensor) and value.is_floating_point() and value.device.type == "cpu":
+    """A fresh leaf that requires grad, for a given floating or complex parameter value."""
+    if (isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex())
+            and value.device.type == "cpu"):
         return value.detach().clone().requires_grad_()
     return value
 
 
 parametrized_trees = module_trees(decoration_chance=100, decoration_kinds=PARAMETRIZATIONS,
-                                  behaviours=())
+                                  behaviours=(), needs=("parametrizable",))
 
 
 @spec_property("FC-PARAMETRIZED")

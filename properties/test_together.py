@@ -15,6 +15,7 @@ from swapspec.properties.common import (
     conversion_named,
     is_uninitialized,
     module_state,
+    replaced_originals,
     spec_property,
     target_call_inputs,
 )
@@ -22,11 +23,12 @@ from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, named_tensors
 from swapspec.properties.oracle import ExpectedError, expected_outcome, slot_of
 from swapspec.properties.repro import call_repro
-from swapspec.strategies import conversions, flag_settings, module_trees
+from swapspec.strategies import flag_settings, module_trees
+from swapspec.strategies.conversions import modules_with_conversions
 
 trees = module_trees()
-cpu_conversions = conversions(devices=["cpu"], raising=False).filter(
-    lambda c: c.preserves_values and not c.changes_impl)
+converted = modules_with_conversions(trees, ["cpu"],
+                                     where=lambda c: c.preserves_values and not c.changes_impl)
 
 
 @spec_property("TOGETHER-CONVERTED-CALL")
@@ -36,26 +38,23 @@ def test_functional_call_on_converted_module(target, data):
 
     Origin: ``model.half()`` then ``torch.func.functional_call`` (PR #92536 tests).
     """
-    module = data.draw(trees, label="module")
-    conversion = data.draw(cpu_conversions, label="conversion")
+    module, conversion = data.draw(converted, label="module and conversion")
     flags = data.draw(flag_settings(), label="flags")
     outcome = attempt(lambda: target.apply(module, conversion.make_fn(), overwrite=flags.overwrite,
                                            swap=flags.swap))
     assume(outcome.error is None)
-    call = data.draw(target_call_inputs(target, module), label="call")
+    call = data.draw(target_call_inputs(target, module, valid=True), label="call")
     example = Example(module, conversion=conversion, flags=flags, call=call)
     check = Checker("TOGETHER-CONVERTED-CALL", target, example)
     before = module_state(module)
     filled = expected_outcome(module, call.tensors, tie_weights=call.tie_weights,
                               strict=call.strict)
     assume(not isinstance(filled, ExpectedError))
-    registered = named_tensors(module)
-    replaced = {id(registered[n]) for n in filled if n in registered}
+    replaced = replaced_originals(module, filled)
     reached = {slot_of(module, n) for n in filled}
     attempt(lambda: call_target(target, module, call.tensors, call.args, call.kwargs,
                                 tie_weights=call.tie_weights, strict=call.strict))
-    check_untouched(check, before, module, "not-restored",
-                    values_of=replaced - {id(v) for v in filled.values()},
+    check_untouched(check, before, module, "not-restored", values_of=replaced,
                     names={n for n in before.slots if slot_of(module, n) in reached})
     check.verdict(partial(call_repro, example, target))
 

@@ -156,11 +156,24 @@ def rnn_weight_swapped_elsewhere(example: Example) -> bool:
     return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, elsewhere))
 
 
+def shared_grad_swapped(example: Example) -> bool:
+    """Two distinct parameters hold one grad object (what the overwrite path leaves of a tied
+    parameter with a grad), and one of them takes the swap path: ``swap_tensors`` refuses a
+    grad that another parameter still holds."""
+    holders: dict[int, int] = {}
+    for p in _params(example):
+        if p.grad is not None:
+            holders[id(p.grad)] = holders.get(id(p.grad), 0) + 1
+    shared = [p for p in _params(example) if p.grad is not None and holders[id(p.grad)] > 1]
+    return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, shared))
+
+
 def torch_apply_raises_on_state(example: Example) -> bool:
     """torch's ``_apply`` raises because of what the module holds (old-style weight norm graphs,
-    graph-carrying grads, tied RNN weights), whatever the parameter classes."""
+    graph-carrying grads, tied RNN weights, a grad two parameters share), whatever the
+    parameter classes."""
     return (old_weight_norm_swapped(example) or graph_grad_not_leaf(example)
-            or rnn_weight_swapped_elsewhere(example))
+            or rnn_weight_swapped_elsewhere(example) or shared_grad_swapped(example))
 
 
 def torch_apply_raises(example: Example) -> bool:
@@ -171,7 +184,7 @@ def torch_apply_raises(example: Example) -> bool:
 def _certain_raise(example: Example) -> bool:
     """The raises that always happen (old-style norms raise only sometimes)."""
     return (swap_refuses_subclass(example) or graph_grad_not_leaf(example)
-            or rnn_weight_swapped_elsewhere(example))
+            or rnn_weight_swapped_elsewhere(example) or shared_grad_swapped(example))
 
 
 def _loses_tensor_hooks(example: Example) -> bool:
@@ -650,6 +663,26 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m = nn.Linear(2, 2); "
         "torch.nn.utils.weight_norm(m); torch.__future__.set_swap_module_params_on_conversion(True); "
         "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+    Deviation(
+        "APPLY-ATOMIC", old_weight_norm_swapped, "no-error", always=False, reason=
+        "Where fn would raise on a later tensor, torch's _apply may first raise its own "
+        "RuntimeError: with the old hook-based weight_norm (or spectral_norm) on the swap path, "
+        "swap_tensors refuses weight_g/weight_v (see the `raised` declaration), so fn's error "
+        "never comes out (torch 2.13). Repro: m = nn.Linear(2, 2); torch.nn.utils.weight_norm(m); "
+        "m(torch.ones(1, 2)); n = [0]; "
+        "def fn(t):\n n[0] += 1\n if n[0] == 3: raise ValueError\n return t + 1; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m._apply(fn)  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+    Deviation(
+        APPLY_IDS + XLA_APPLY_IDS, shared_grad_swapped, "raised",
+        "The overwrite path gives each slot of a tied parameter its own new Parameter but "
+        "the same converted grad object; a later conversion on the swap path then refuses that "
+        "grad, which the other Parameter still holds, and _apply raises (torch 2.13). Repro: "
+        "m = nn.Module(); m.p0 = nn.Parameter(torch.ones(4)); m.p0.grad = torch.ones(4); "
+        "m.p1 = m.p0; torch.__future__.set_overwrite_module_params_on_conversion(True); "
+        "m.float(); assert m.p0 is not m.p1 and m.p0.grad is m.p1.grad; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double()  # RuntimeError: _apply(): Couldn't swap Module.p0.grad"),
     Deviation(
         APPLY_IDS, rnn_weight_swapped_elsewhere, "raised",
         "RNNBase._apply drops the RNN's weak references to its flat weights only around its own "

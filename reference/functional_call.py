@@ -300,10 +300,22 @@ def _put_parametrization(module: nn.Module, key: str, value: Any) -> Any:
 
 
 def _pop_attribute(module: nn.Module, key: str) -> Any:
-    """Remove instance attribute ``key`` wherever it is registered; return it."""
+    """Remove instance attribute ``key`` wherever it is registered; return it.
+
+    A module whose class routes attributes elsewhere (``torch.compile``'s ``OptimizedModule``
+    sets and deletes them on the module it wraps) is asked through ``getattr``/``delattr``, so
+    an attribute set for the call is removed from where ``setattr`` put it.
+    """
     for table in (module._parameters, module._buffers, module.__dict__):
         if key in table:
             return table.pop(key)
+    if type(module).__delattr__ is not nn.Module.__delattr__:
+        try:
+            value = getattr(module, key)
+            delattr(module, key)
+        except AttributeError:
+            return _MISSING
+        return value
     return _MISSING
 
 

@@ -84,6 +84,10 @@ def _chance(draw: Any, percent: int) -> bool:
     return draw(st.integers(0, 99)) >= 100 - percent
 
 
+def is_uninitialized(t: Any) -> bool:
+    return isinstance(t, nn.parameter.UninitializedTensorMixin)
+
+
 def _can_make(t: Tensor) -> bool:
     """Fresh values are made for dense, initialized, non-wrapper tensors only (others get their own tensor)."""
     lazy = isinstance(t, nn.parameter.UninitializedTensorMixin)
@@ -106,8 +110,10 @@ def _dtype_name(t: Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str]) -> Tensor | None:
-    kind = draw(st.sampled_from(VALUE_KINDS))
+def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str], none: bool = True,
+           same_kind: bool = False) -> Tensor | None:
+    kinds = [k for k in VALUE_KINDS if (none and not same_kind) or k != "none"]
+    kind = draw(st.sampled_from([k for k in kinds if not same_kind or k != "other-dtype"]))
     if kind in ("fresh", "other-dtype") and (not _can_make(t) or _dtype_name(t) not in DTYPES):
         kind = "own"
     if kind == "other-dtype" and not t.is_floating_point():
@@ -160,7 +166,8 @@ def _tietensor_values(draw: Any, chosen: dict[str, Any], names: dict[str, Tensor
                 chosen[n] = chosen[given[0]]
 
 
-def _unknown(draw: Any, module: nn.Module, gen: torch.Generator, chosen: dict[str, Any], tags: set[str]) -> None:
+def _unknown(draw: Any, module: nn.Module, gen: torch.Generator, chosen: dict[str, Any], tags: set[str],
+             *, submodules: bool = True) -> None:
     if _chance(draw, 35):
         path = draw(st.sampled_from([p for p, _ in module.named_modules()]))
         value = tensor_values((FEATURES,), "float32", gen)
@@ -169,7 +176,7 @@ def _unknown(draw: Any, module: nn.Module, gen: torch.Generator, chosen: dict[st
             tags.add("unknown-leaf-parameter")
         chosen[join(path, "extra")] = value
         tags.add("unknown-leaf")
-    if _chance(draw, 15):
+    if submodules and _chance(draw, 15):
         chosen["nosuch.weight"] = tensor_values((FEATURES,), "float32", gen)
         tags.add("unknown-submodule")
 
@@ -188,7 +195,8 @@ def _shape(draw: Any, chosen: dict[str, Any], form: str) -> tuple[Any, str]:
 
 
 def _invalidate(
-    draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator, forms: Sequence[str]
+    draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator, forms: Sequence[str],
+    valid: bool = False,
 ) -> tuple[Any, str]:
     kinds = [k for k in INVALID_KINDS if k != "non-dict-element" or set(forms) - {"dict"}]
     kind = draw(st.sampled_from(kinds))
@@ -198,43 +206,75 @@ def _invalidate(
         return (chosen, [("weight", 1.0)]), kind
     bad = dict(chosen)
     if kind == "non-tensor-value":
-        names = sorted(valid_names(module)) or ["extra"]
-        bad[draw(st.sampled_from(names))] = 0.5
+        named = valid_names(module)
+        name = draw(st.sampled_from(sorted(named) or ["extra"]))
+        bad[name] = 0.5
+        if valid:  # the given aliases of that tensor get the same object: no tie conflict
+            bad.update({n: bad[name] for n in bad if name in named and named.get(n) is named[name]})
     else:
         subs = [p for p, _ in module.named_modules() if p]
         bad[f"{draw(st.sampled_from(subs))}." if subs else "."] = tensor_values((FEATURES,), "float32", gen)
     return (bad if isinstance(tensors, dict) else (bad,)), kind
 
 
+def _one_value_per_group(chosen: dict[str, Any], module: nn.Module, names: dict[str, Tensor],
+                         tie_weights: bool) -> None:
+    """Make the call free of conflicts: names that reach one slot (shared submodules) and, with
+    ``tie_weights``, the aliases of one tie group all carry the first such name's value."""
+    group_of: dict[str, Any] = {}
+    for name in chosen:
+        prefix, _, key = name.rpartition(".")
+        owner = module.get_submodule(prefix) if prefix else module
+        group_of[name] = ("tensor", id(names[name])) if tie_weights else ("slot", id(owner), key)
+    first: dict[Any, str] = {}
+    for name in list(chosen):
+        leader = first.setdefault(group_of[name], name)
+        chosen[name] = chosen[leader]
+
+
 @st.composite
 def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool,
-                 strict: bool | None, tie_weights: bool | None, forms: Sequence[str],
-                 buffers: str) -> CallInput:
+                 strict: bool | None, tie_weights: bool | None, forms: Sequence[str], buffers: str,
+                 valid: bool, conflicts: bool, invalid_chance: int, failing: bool,
+                 forward_safe: bool) -> CallInput:
     names = valid_names(module)
     buffer_names = {n for n, _ in module.named_buffers(remove_duplicate=False)}
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     tags: set[str] = set()
     everything = bool(names) and _chance(draw, 30)
-    picked = [n for n in names
+    candidates = [n for n in names if not (valid and is_uninitialized(names[n]))]
+    picked = [n for n in candidates
               if everything or (buffers == "all" and n in buffer_names) or draw(st.booleans())]
     tags.add("all-names" if names and len(picked) == len(names) else ("no-names" if not picked else "some-names"))
-    chosen: dict[str, Any] = {n: _value(draw, names[n], gen, tags) for n in picked}
+    chosen: dict[str, Any] = {n: _value(draw, names[n], gen, tags,
+                                        none=not (buffers == "all" and n in buffer_names),
+                                        same_kind=forward_safe)
+                              for n in picked}
     _tietensor_values(draw, chosen, names)
+    tie_weights = not _chance(draw, 30) if tie_weights is None else tie_weights
+    drawn_strict = strict is None
+    strict = _chance(draw, 30) if strict is None else strict
+    if valid and drawn_strict and strict:
+        if len(candidates) < len(names):
+            strict = False  # an uninitialized tensor cannot be given: strict would refuse
+        else:
+            chosen.update({n: names[n] for n in names if n not in chosen})  # the rest: their own
+    if valid and not conflicts:
+        _one_value_per_group(chosen, module, names, tie_weights)
     tags |= _alias_tags(chosen, names)
     owners = _module_paths(module)
     if any(len(owners[id(module.get_submodule(n.rpartition(".")[0]))]) > 1 for n in chosen):
         tags.add("shared-path")
-    if unknown_names:
-        _unknown(draw, module, gen, chosen, tags)
-    tensors, form = _shape(draw, chosen, draw(st.sampled_from(list(forms))))
+    if unknown_names and not (valid and drawn_strict and strict):  # strict refuses unknown names
+        _unknown(draw, module, gen, chosen, tags, submodules=not valid)
+    shapes = [f for f in forms if not (valid and f == "tuple-overlap")] or ["dict"]
+    tensors, form = _shape(draw, chosen, draw(st.sampled_from(shapes)))
     bad = None
-    if invalid and _chance(draw, 60):
-        tensors, bad = _invalidate(draw, module, tensors, chosen, gen, forms)
+    if invalid and _chance(draw, invalid_chance):
+        tensors, bad = _invalidate(draw, module, tensors, chosen, gen, forms, valid)
         tags.add(f"invalid: {bad}")
-    tie_weights = not _chance(draw, 30) if tie_weights is None else tie_weights
-    strict = _chance(draw, 30) if strict is None else strict
     kwargs: dict[str, Any] = {}
-    if _chance(draw, 15):
+    if failing and _chance(draw, 15):
         kwargs["fail"] = True
     if _chance(draw, 20):
         kwargs["report"] = []
@@ -255,6 +295,11 @@ def call_inputs(
     tie_weights: bool | None = None,
     forms: Sequence[str] = FORMS,
     buffers: str = "some",
+    valid: bool = False,
+    conflicts: bool = False,
+    invalid_chance: int = 60,
+    failing: bool = True,
+    forward_safe: bool = False,
 ) -> st.SearchStrategy[CallInput]:
     """Draw a :class:`CallInput` for ``functional_call(module, ...)``.
 
@@ -273,12 +318,24 @@ def call_inputs(
       implementation without the keyword: its default).
     * ``forms``: the input forms to draw from (default all of ``FORMS``); ``("dict",)`` for an
       implementation that takes a single dict only.
-    * ``buffers``: ``"some"`` (default) draws buffer names like the others; ``"all"`` gives every buffer name,
-      so a counterexample that needs a given buffer keeps it while the tree shrinks around it.
+    * ``buffers``: ``"some"`` (default) draws buffer names like the others; ``"all"`` gives every buffer name
+      a tensor (never ``None``), so a counterexample that needs a given buffer keeps it while the tree
+      shrinks around it.
+
+    * ``valid``: draw only calls the spec accepts, by construction: no uninitialized tensor is given,
+      no unknown submodule, no overlapping split; a drawn ``strict=True`` gives no unknown name and every other name its
+      own tensor (or turns to False where an uninitialized tensor cannot be given); and, unless
+      ``conflicts``, names that reach one slot, and with ``tie_weights`` one tie group, carry one
+      value. (``invalid`` still replaces the input by a bad one when asked.)
+    * ``invalid_chance``: with ``invalid``, the percent of calls made bad (default 60; 100: all).
+    * ``failing``: whether ``kwargs`` may hold ``fail=True`` (a forward that raises).
+    * ``forward_safe``: every value is a fresh tensor of the slot's dtype or the slot's own tensor
+      (no ``None``, no other dtype), so a real layer's forward runs as it does on the module.
 
     ``args`` is ``(x,)`` from :func:`forward_inputs`; ``kwargs`` may hold ``fail=True`` and ``report=[]``;
     ``tie_weights`` shrinks to True and ``strict`` to False (torch's defaults).
     """
     if buffers not in ("some", "all"):
         raise ValueError(f"buffers must be 'some' or 'all', got {buffers!r}")
-    return _call_inputs(module, unknown_names, invalid, strict, tie_weights, tuple(forms), buffers)
+    return _call_inputs(module, unknown_names, invalid, strict, tie_weights, tuple(forms), buffers,
+                        valid, conflicts, invalid_chance, failing, forward_safe)

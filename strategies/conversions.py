@@ -39,6 +39,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 from torch import Tensor
+from torch.nn.parameter import UninitializedTensorMixin
 
 from swapspec.strategies.devices import detected_devices, xla_device
 
@@ -66,6 +67,11 @@ def raise_on(k: int) -> Callable[[Tensor], Tensor]:
         return t + 1
 
     return fn
+
+
+def is_uninitialized(t: Any) -> bool:
+    """An ``UninitializedParameter`` or ``UninitializedBuffer`` (a lazy module before its first call)."""
+    return isinstance(t, UninitializedTensorMixin)
 
 
 def _namespace() -> dict[str, Any]:
@@ -166,7 +172,8 @@ def raising_conversion(k: int) -> Conversion:
 
 
 def conversions(
-    devices: Sequence[str] | None = None, *, raising: bool = True, lazy_safe: bool = False
+    devices: Sequence[str] | None = None, *, raising: bool = True, lazy_safe: bool = False,
+    where: Callable[[Conversion], bool] | None = None,
 ) -> st.SearchStrategy[Conversion]:
     """Draw a :class:`Conversion`.
 
@@ -175,12 +182,51 @@ def conversions(
     * ``raising``: also draw ``raise_on(k=K)`` (never with ``lazy_safe``) with K in 1..6 (one more choice after the plain ones).
     * ``lazy_safe``: only conversions that work on ``UninitializedParameter`` and keep it uninitialized
       (``half/float/double``, ``to(float64/complex64)``, ``cpu()``, cuda moves).
+    * ``where``: only the plain conversions it accepts (``lambda c: c.changes_impl``), chosen before
+      drawing, so nothing is filtered.
 
     Shrinks towards ``float()``. Reports ``hypothesis.event('conversion: <tag>')``.
     """
+    return _conversions(_plain(devices, lazy_safe, where), raising and not lazy_safe)
+
+
+def _plain(devices: Sequence[str] | None, lazy_safe: bool,
+           where: Callable[[Conversion], bool] | None) -> tuple[Conversion, ...]:
     allowed = {"cpu", *(detected_devices() if devices is None else devices)}
-    plain = [c for c in CONVERSIONS if c.device in allowed and (c.lazy_safe or not lazy_safe)]
-    return _conversions(tuple(plain), raising and not lazy_safe)
+    plain = tuple(c for c in CONVERSIONS if c.device in allowed and (c.lazy_safe or not lazy_safe)
+                  and (where is None or where(c)))
+    if not plain:
+        raise ValueError(f"no conversion on devices {sorted(allowed)} passes `where`")
+    return plain
+
+
+def runs_on(conversion: Conversion, tensors: Sequence[Tensor]) -> bool:
+    """Whether a fresh fn of ``conversion`` returns (does not raise) on each of ``tensors``."""
+    fn = conversion.make_fn()
+    try:
+        with torch.no_grad():
+            for t in tensors:
+                fn(t)
+    except Exception:
+        return False
+    return True
+
+
+@st.composite
+def modules_with_conversions(
+    draw: Any, modules: st.SearchStrategy[Any], devices: Sequence[str] | None = None, *,
+    where: Callable[[Conversion], bool] | None = None,
+) -> tuple[Any, Conversion]:
+    """Draw ``(module, conversion)``: a module from ``modules``, then a plain conversion (as
+    ``conversions(devices, raising=False, where=where)`` draws one) among those that run on the
+    module's uninitialized tensors, which refuse most conversions (an uninitialized
+    ``LazyLinear``). Every conversion runs on initialized tensors, so none is filtered out."""
+    module = draw(modules)
+    plain = _plain(devices, False, where)
+    lazy = [t for t in (*module.parameters(), *module.buffers()) if is_uninitialized(t)]
+    if lazy:
+        plain = tuple(c for c in plain if runs_on(c, lazy)) or plain
+    return module, draw(_conversions(plain, False))
 
 
 @st.composite

@@ -8,6 +8,7 @@ one generic leaf with one float32 ``(4,)`` parameter, seed 0.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -21,6 +22,7 @@ from torch import nn
 from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
 from swapspec.strategies.decorations import DecorationSpec, decoratable
 from swapspec.strategies.trees import (
+    BLOCK_NAMES,
     CONTAINER_KINDS,
     TRAININGS,
     WORLDS,
@@ -50,6 +52,8 @@ BEHAVIOURS = ("inplace", "rebind", "raise", "report")
 DEFAULT_WORLDS = ("meta", "two-tensor")
 # Decorations a world cannot take: ``orthogonal`` checks its tensor's values (``allclose``).
 WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",)}
+NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
+         "parametrizable", "tensor")
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -70,10 +74,11 @@ class _Options:
     behaviour_chance: int
     catalogue: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]  # family, (entry, variants)
     catalogue_chance: int
+    needs: tuple[str, ...] = ()
 
 
 def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
-             behaviours, behaviour_chance, catalogue, catalogue_chance) -> _Options:
+             behaviours, behaviour_chance, catalogue, catalogue_chance, needs=()) -> _Options:
     if max_depth < 0 or max_leaves < 1:
         raise ValueError(f"need max_depth >= 0 and max_leaves >= 1, got {max_depth}, {max_leaves}")
     unknown = sorted(set(behaviours) - set(BEHAVIOURS))
@@ -91,8 +96,11 @@ def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dty
         kinds = (*kinds, "LazyLinear")
     allowed = tuple(b for b in BEHAVIOURS if b in behaviours)
     families = _catalogue_families(lazy) if catalogue and catalogue_chance and "float32" in names else ()
+    unknown = sorted(set(needs) - set(NEEDS))
+    if unknown:
+        raise ValueError(f"needs must come from {NEEDS}; unknown: {unknown}")
     return _Options(max_depth, max_leaves, sharing, ties, kinds, real_dtypes, grads, param, names,
-                    allowed, behaviour_chance, families, catalogue_chance)
+                    allowed, behaviour_chance, families, catalogue_chance, tuple(needs))
 
 
 @cache
@@ -182,7 +190,8 @@ def _node(draw: Draw, o: _Options, depth: int, budget: list[int]) -> LeafSpec | 
     with a single choice so that Hypothesis (shortlex) shrinks to it before any other leaf. Then a catalogue
     leaf with ``catalogue_chance`` percent, else a real layer (55%) or a generic leaf.
     """
-    if depth < o.max_depth and _chance(draw, 60 - 12 * depth):
+    if depth < o.max_depth and ((depth == 0 and "container-root" in o.needs)
+                                or _chance(draw, 60 - 12 * depth)):
         kind = draw(st.sampled_from(CONTAINER_KINDS))
         children = []
         for _ in range(draw(st.integers(1, 3))):
@@ -269,8 +278,11 @@ def _shares(draw: Draw, root: LeafSpec | ContainerSpec) -> tuple[ShareSpec, ...]
 
 
 def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec, ...],
-                 chance: int, kinds: tuple[str, ...]) -> tuple[DecorationSpec, ...]:
-    """With ``chance`` percent, 1-2 decorations, each on a parameter (or module) not yet decorated.
+                 chance: int, kinds: tuple[str, ...],
+                 feasible_only: bool = False) -> tuple[DecorationSpec, ...]:
+    """With ``chance`` percent, 1-2 decorations, each on a parameter (or module) not yet decorated
+    (``feasible_only``: of a kind drawn among those that have a slot to decorate, so none is
+    drawn in vain).
 
     Tied slots are left alone (a parametrization moves the tensor it decorates), and so are
     ``Parameter`` subclasses, which ``parametrize`` refuses, and sparse embeddings' weights
@@ -292,30 +304,38 @@ def _decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[TieSpec
     modules = [path for path, _, _ in walk(root)]
     used: set[tuple[str, str]] = set()
     out = []
+    def candidates(kind: str) -> list[Slot]:
+        return [s for s in params if (s.path, s.name) not in used and decoratable(kind, s.shape, s.dtype)
+                and (s.path, s.name) not in (frozen if kind == "tensor-hooks" else tagged | sparse)]
+
     for _ in range(draw(st.integers(1, 2))):
-        kind = draw(st.sampled_from(kinds))
+        feasible = [k for k in kinds if k == "module-hooks" or candidates(k)] if feasible_only else kinds
+        if not feasible:
+            break
+        kind = draw(st.sampled_from(feasible))
         if kind == "module-hooks":
             path = draw(st.sampled_from(modules))
             if (path, "") not in used:
                 used.add((path, ""))
                 out.append(DecorationSpec(kind, path))
             continue
-        cands = [s for s in params if (s.path, s.name) not in used and decoratable(kind, s.shape, s.dtype)
-                 and (s.path, s.name) not in (frozen if kind == "tensor-hooks" else tagged | sparse)]
-        if cands:
-            slot = draw(st.sampled_from(cands))
+        slots = candidates(kind)
+        if slots:
+            slot = draw(st.sampled_from(slots))
             used.add((slot.path, slot.name))
             out.append(DecorationSpec(kind, slot.path, slot.name))
     return tuple(out)
 
 
-def _trained(draw: Draw, root: LeafSpec | ContainerSpec, chance: int) -> str:
-    """``''`` or one of ``TRAININGS``; shrinks to ``''``."""
+def _trained(draw: Draw, root: LeafSpec | ContainerSpec, chance: int,
+             leaf_grads: bool = False) -> str:
+    """``''`` or one of ``TRAININGS`` (``leaf_grads``: not ``create_graph``); shrinks to ``''``."""
     lazy = any(isinstance(n, LeafSpec) and n.kind == "LazyLinear" and not n.initialized
                for _, _, n in walk(root))
     if lazy or not _chance(draw, chance):
         return ""
-    return draw(st.sampled_from(TRAININGS))
+    return draw(st.sampled_from([t for t in TRAININGS
+                                 if not (leaf_grads and t == "backward-create-graph")]))
 
 
 def _slots_with(root: LeafSpec | ContainerSpec, flag: str) -> set[tuple[str, str]]:
@@ -328,6 +348,193 @@ def _slots_with(root: LeafSpec | ContainerSpec, flag: str) -> set[tuple[str, str
         elif isinstance(node, LeafSpec) and getattr(node, flag):
             out.add((path, "weight"))
     return out
+
+
+# ---------------------------------------------------------------- needs
+
+
+def _replace_first(node: LeafSpec | ContainerSpec, change: Callable[[LeafSpec, str], LeafSpec | None],
+                   path: str = "") -> tuple[LeafSpec | ContainerSpec, bool]:
+    """``node`` with its first leaf (in build order) that ``change(leaf, path)`` maps to a new
+    leaf replaced; ``change`` returns None for a leaf it cannot change. Also says whether one was."""
+    if isinstance(node, LeafSpec):
+        new = change(node, path)
+        return (node, False) if new is None else (new, True)
+    children = list(node.children)
+    for i, child in enumerate(children):
+        children[i], done = _replace_first(child, change, join(path, child_name(node.kind, i)))
+        if done:
+            return ContainerSpec(node.kind, tuple(children)), True
+    return node, False
+
+
+def _has(root: LeafSpec | ContainerSpec, test: Callable[[LeafSpec], bool]) -> bool:
+    return any(isinstance(n, LeafSpec) and test(n) for _, _, n in walk(root))
+
+
+def _catalogue_has_parameters(leaf: LeafSpec) -> bool:
+    """Whether a catalogue leaf's module has an initialized parameter (one that can hold a grad)."""
+    from swapspec.strategies import torch_modules
+
+    return any(not s.buffer for s in torch_modules.slots(leaf.entry, leaf.variant))
+
+
+def _grad_survives(root: LeafSpec | ContainerSpec, taken: set[tuple[str, str]]) -> bool:
+    """Whether a parameter outside ``taken`` (tied or decorated slots) is built with a grad."""
+    for path, _, leaf in walk(root):
+        if not isinstance(leaf, LeafSpec):
+            continue
+        if leaf.kind == "generic" and any(t.grad and not t.none and (path, t.name) not in taken
+                                          for t in leaf.tensors):
+            return True
+        if leaf.kind == "catalogue":
+            if leaf.grad and _catalogue_has_parameters(leaf):
+                return True
+        elif leaf.kind != "generic" and leaf.grad and (path, "weight") not in taken:
+            return True
+    return False
+
+
+def _grad_giver(taken: set[tuple[str, str]]) -> Callable[[LeafSpec, str], LeafSpec | None]:
+    """A ``change`` that puts a grad on a leaf's first parameter outside ``taken`` (tied or
+    decorated slots, whose own object does not survive the build)."""
+
+    def give(leaf: LeafSpec, path: str) -> LeafSpec | None:
+        if leaf.kind == "generic":
+            for i, t in enumerate(leaf.tensors):
+                if not t.buffer and not t.none and (path, t.name) not in taken:
+                    tensors = (*leaf.tensors[:i], dataclasses.replace(t, grad=True),
+                               *leaf.tensors[i + 1:])
+                    return dataclasses.replace(leaf, tensors=tensors)
+            return None
+        if leaf.kind == "catalogue":
+            return dataclasses.replace(leaf, grad=True) if _catalogue_has_parameters(leaf) else None
+        if (leaf.kind == "LazyLinear" or (leaf.kind == "BatchNorm1d" and not leaf.bias)
+                or (path, "weight") in taken):
+            return None
+        return dataclasses.replace(leaf, grad=True)
+
+    return give
+
+
+def _with_grad(root: LeafSpec | ContainerSpec, taken: set[tuple[str, str]]) -> LeafSpec | ContainerSpec:
+    """``root`` unchanged if a parameter carries a grad, else with one given a grad."""
+    return root if _grad_survives(root, taken) else _replace_first(root, _grad_giver(taken))[0]
+
+
+BIASED = ("Linear", "Conv1d", "Conv2d", "LayerNorm")
+
+
+def _leaf_has_none(leaf: LeafSpec) -> bool:
+    if leaf.kind == "generic":
+        return any(t.none for t in leaf.tensors)
+    return not leaf.bias and leaf.kind in (*BIASED, "BatchNorm1d")
+
+
+def _give_none(leaf: LeafSpec, path: str) -> LeafSpec | None:
+    """The leaf with one more None slot: a real layer's bias, or a generic leaf's extra buffer."""
+    if leaf.kind in BIASED and leaf.bias:
+        return dataclasses.replace(leaf, bias=False)
+    if leaf.kind != "generic":
+        return None
+    names = {t.name for t in leaf.tensors}
+    name = next(f"b{i}" for i in range(len(names) + 1) if f"b{i}" not in names)
+    return dataclasses.replace(leaf, tensors=(*leaf.tensors, TensorSpec(name, buffer=True, none=True)))
+
+
+NONE_LEAF = LeafSpec(tensors=(TensorSpec("b0", buffer=True, none=True),))
+
+
+def _with_none_slot(root: LeafSpec | ContainerSpec) -> LeafSpec | ContainerSpec:
+    """``root`` (drawn, before ties and shares) unchanged if a slot is registered as None, else
+    with one more: on its first leaf that can take one, else in a generic leaf added as the
+    root's last child (a leaf root first goes into a ``Sequential``)."""
+    if _has(root, _leaf_has_none):
+        return root
+    root, done = _replace_first(root, _give_none)
+    return root if done else _append_leaf(root, NONE_LEAF)
+
+
+def _has_alias(root: LeafSpec | ContainerSpec, ties: tuple[TieSpec, ...],
+               shares: tuple[ShareSpec, ...]) -> bool:
+    """Whether two names will reach one tensor: a tie, or a share of a module holding a slot."""
+    holders = {s.path for s in tree_slots(root)}
+    return bool(ties) or any(h == s.source or h.startswith(s.source + ".")
+                             for s in shares for h in holders)
+
+
+UPDATING = ("inplace", "rebind")
+
+
+def _with_updating_leaf(root: LeafSpec | ContainerSpec, allowed: tuple[str, ...]) -> LeafSpec | ContainerSpec:
+    """``root`` unchanged if a generic leaf updates or rebinds a buffer in forward, else with the
+    first generic leaf given the first of those behaviours ``allowed`` (a leaf that has none
+    added as the root's last child, where there is no generic leaf)."""
+    kinds = [b for b in UPDATING if b in allowed]
+    if not kinds or _has(root, lambda n: n.kind == "generic" and bool(set(n.behaviours) & set(UPDATING))):
+        return root
+
+    def give(leaf: LeafSpec, path: str) -> LeafSpec | None:
+        if leaf.kind != "generic":
+            return None
+        return dataclasses.replace(leaf, behaviours=tuple(b for b in allowed if b in (*leaf.behaviours, kinds[0])))
+
+    root, done = _replace_first(root, give)
+    if done:
+        return root
+    extra = LeafSpec(tensors=(TensorSpec("p0"),), behaviours=(kinds[0],))
+    return _append_leaf(root, extra)
+
+
+MATRIX = TensorSpec("p0", shape=(2, 3))
+
+
+def _with_matrix_parameter(root: LeafSpec | ContainerSpec) -> LeafSpec | ContainerSpec:
+    """``root`` unchanged if a plain float32/float64 matrix parameter exists (every
+    parametrization applies to one), else with one more on its first generic leaf (or on a leaf
+    added as the root's last child)."""
+    def plain_matrix(leaf: LeafSpec) -> bool:
+        if leaf.kind == "generic":
+            return any(not t.buffer and not t.none and not t.tagged and len(t.shape) >= 2
+                       and t.dtype in ("float32", "float64") for t in leaf.tensors)
+        return leaf.kind in ("Linear", "Conv1d", "Conv2d", "Embedding") and not leaf.tagged
+
+    if _has(root, plain_matrix):
+        return root
+
+    def give(leaf: LeafSpec, path: str) -> LeafSpec | None:
+        if leaf.kind != "generic":
+            return None
+        names = {t.name for t in leaf.tensors}
+        name = next(f"p{i}" for i in range(len(names) + 1) if f"p{i}" not in names)
+        return dataclasses.replace(leaf, tensors=(dataclasses.replace(MATRIX, name=name), *leaf.tensors))
+
+    root, done = _replace_first(root, give)
+    return root if done else _append_leaf(root, LeafSpec(tensors=(MATRIX,)))
+
+
+def _append_leaf(root: LeafSpec | ContainerSpec, leaf: LeafSpec) -> LeafSpec | ContainerSpec:
+    """``leaf`` as the root's last child (a leaf root first goes into a ``Sequential``); a full
+    custom block is left as it is. Call it before ties and shares are drawn."""
+    if isinstance(root, LeafSpec):
+        return ContainerSpec("Sequential", (root, leaf))
+    if root.kind == "Block" and len(root.children) == len(BLOCK_NAMES):
+        return root
+    return ContainerSpec(root.kind, (*root.children, leaf))
+
+
+def _with_share(root: LeafSpec | ContainerSpec) -> tuple[LeafSpec | ContainerSpec, tuple[ShareSpec, ...]]:
+    """A tree without ties or shares, given one alias: its first module below the root that holds
+    a tensor is registered again under the root (a leaf root first goes into a ``Sequential``)."""
+    if isinstance(root, LeafSpec):
+        root = ContainerSpec("Sequential", (root,))
+    holders = {s.path for s in tree_slots(root)}
+    source = next((p for p, _, _ in walk(root) if p and any(h == p or h.startswith(p + ".")
+                                                          for h in holders)), None)
+    if source is None:
+        return root, ()
+    name = str(len(root.children)) if root.kind in ("Sequential", "ModuleList") else "shared0"
+    return root, (ShareSpec(source, "", name),)
 
 
 # ---------------------------------------------------------------- public strategies
@@ -357,23 +564,43 @@ def tree_specs(
     tie_chance: int = 55,
     worlds: Sequence[str] = DEFAULT_WORLDS,
     world_chance: int = 0,
+    needs: Sequence[str] = (),
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
-                 tuple(behaviours), behaviour_chance, catalogue, catalogue_chance)
+                 tuple(behaviours), behaviour_chance, catalogue, catalogue_chance, tuple(needs))
     root = _node(draw, o, 0, [o.max_leaves])
+    if "none-slot" in o.needs:
+        root = _with_none_slot(root)
+    if "updating-leaf" in o.needs:
+        root = _with_updating_leaf(root, o.behaviours)
+    if "parametrizable" in o.needs:
+        root = _with_matrix_parameter(root)
+    if "tensor" in o.needs and not tree_slots(root):
+        root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),)))
+    if "grad" in o.needs and o.grads and all(slot.buffer for slot in tree_slots(root)):
+        root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0", grad=True),)))
     tie_specs = _ties(draw, root, tie_chance) if o.ties else ()
     share_specs = _shares(draw, root) if o.sharing else ()
+    if "alias" in o.needs and not _has_alias(root, tie_specs, share_specs):
+        root, share_specs = _with_share(root)
     unknown = sorted(set(decoration_kinds) - set(DECORATION_KINDS))
     if unknown or not decoration_kinds:
         raise ValueError(f"decoration_kinds must be a non-empty subset of {DECORATION_KINDS}; "
                          f"unknown: {unknown}")
-    training = not _chance(draw, 25)
-    trained = _trained(draw, root, training_chance)
-    world = _world(draw, trained, worlds, world_chance)
+    world = _world(draw, o.needs, worlds, world_chance)
     kinds = tuple(k for k in DECORATION_KINDS if k in decoration_kinds
                   and k not in WORLD_REFUSED_DECORATIONS.get(world, ()))
-    decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds) if kinds else ()
+    decorations = _decorations(draw, root, tie_specs, decoration_chance, kinds,
+                               feasible_only="parametrizable" in o.needs) if kinds else ()
+    # slots whose own object does not survive the build: tie targets, decorated parameters
+    taken = ({slot for tie in tie_specs for slot in tie.slots[1:]}
+             | {(d.path, d.name) for d in decorations if d.kind != "tensor-hooks"})
+    if "grad" in o.needs and o.grads:
+        root = _with_grad(root, taken)
+    training = not _chance(draw, 25)
+    trained = _trained(draw, root, training_chance, "leaf-grads" in o.needs)
+    world = "" if trained else world  # a trained tree's grads come from a real backward
     unknown = sorted(set(wrappers) - set(WRAPPERS))
     if unknown:
         raise ValueError(f"wrappers must come from {WRAPPERS}; unknown: {unknown}")
@@ -384,14 +611,14 @@ def tree_specs(
                     decorations=decorations, trained=trained, wrapper=wrapper, world=world)
 
 
-def _world(draw: Draw, trained: str, worlds: Sequence[str], chance: int) -> str:
-    """``''`` or one of ``worlds`` (never for a trained tree: its grads come from a real backward);
-    shrinks to ``''``."""
+def _world(draw: Draw, needs: Sequence[str], worlds: Sequence[str], chance: int) -> str:
+    """``''`` or one of ``worlds`` (never for a tree that needs a grad: a world's parameters carry
+    none); shrinks to ``''``."""
     unknown = sorted(set(worlds) - set(WORLDS))
     if unknown:
         raise ValueError(f"worlds must come from {WORLDS}; unknown: {unknown}")
     allowed = [w for w in WORLDS if w in worlds]
-    if trained or not allowed or not _chance(draw, chance):
+    if "grad" in needs or not allowed or not _chance(draw, chance):
         return ""
     return draw(st.sampled_from(allowed))
 
@@ -418,6 +645,7 @@ def module_trees(
     tie_chance: int = 55,
     worlds: Sequence[str] = DEFAULT_WORLDS,
     world_chance: int = 0,
+    needs: Sequence[str] = (),
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -463,6 +691,21 @@ def module_trees(
       ``TwoTensor`` subclass values; default ``meta`` and ``two-tensor``: a fake tree's swap
       refusals depend on process-wide caches, so it does not replay exactly), one with
       ``world_chance`` percent (default 0) of the trees that are not trained. ``()`` or 0 keeps every tree plain. Shrinks towards the plain world.
+    * ``needs``: features every drawn tree has, by construction rather than by filtering (a
+      property that needs one draws no tree without it): ``'grad'`` (a parameter carries a
+      ``.grad``: the first leaf that can hold one gets one), ``'none-slot'`` (a ``None``-registered
+      slot: the first real layer's bias, or one more buffer of the first generic leaf),
+      ``'container-root'`` (the root is a
+      container, so ``recurse=False`` leaves tensors alone), ``'leaf-grads'`` (every grad is a
+      leaf: no training with ``create_graph=True``), ``'alias'`` (two names reach one tensor: a tree
+      drawn without ties or shares gets a module registered again under the root),
+      ``'updating-leaf'`` (a generic leaf updates or rebinds a buffer in forward, one of
+      ``behaviours``' ``inplace``/``rebind``), ``'parametrizable'`` (a plain float32 matrix
+      parameter, which every parametrization applies to; decorations are then drawn among the
+      kinds that have a slot), ``'tensor'`` (at least one tensor slot).
+      A tree with no
+      leaf that can take the
+      feature (no parameter at all) is drawn as it is.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.
@@ -476,6 +719,7 @@ def module_trees(
         catalogue=catalogue, catalogue_chance=catalogue_chance,
         wrappers=tuple(wrappers), wrapper_chance=wrapper_chance, tie_chance=tie_chance,
         worlds=tuple(worlds), world_chance=world_chance,
+        needs=tuple(needs),
     )
     return strategy.map(_build_and_report)
 

@@ -145,6 +145,24 @@ def test_unknown_leaf_name_is_set_for_the_call_and_removed():
     assert_unchanged(before, m)
 
 
+def test_unknown_name_on_a_compiled_wrapper_is_removed_where_it_was_set():
+    """Rule 7: ``OptimizedModule`` routes attributes to the module it wraps; the attribute set
+    for the call is removed from there, and a plain attribute the wrapped module had comes back."""
+    from torch._dynamo.eval_frame import DisableContext, OptimizedModule
+
+    inner = Plain()
+    own = torch.tensor([1.5])
+    inner.scale = own
+    wrapper = OptimizedModule(inner, DisableContext())
+    seen = {}
+    inner.register_forward_pre_hook(lambda mod, a: seen.update(extra=mod.extra, scale=mod.scale))
+    extra, scale = torch.tensor([9.0]), torch.tensor([2.5])
+    reference.functional_call(wrapper, {"extra": extra, "scale": scale}, (X2,))
+    assert seen["extra"] is extra and seen["scale"] is scale
+    assert "extra" not in inner.__dict__ and "extra" not in wrapper.__dict__
+    assert inner.scale is own
+
+
 def test_existing_plain_tensor_attribute_restored():
     """Rule 7: an unregistered tensor attribute is replaced for the call, then restored as the same object."""
     m = Plain()

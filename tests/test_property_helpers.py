@@ -1,0 +1,151 @@
+"""Unit tests of the properties' own oracle helpers on the shapes random runs caught them on:
+given tensors that alias slots nobody gave, and forwards that update tensors in place."""
+
+from __future__ import annotations
+
+import torch
+
+from swapspec import reference
+from swapspec.properties.common import (
+    copy_outcome,
+    loaded_copy,
+    module_state,
+    replaced_originals,
+)
+from swapspec.properties.examples import named_tensors, same_values
+from swapspec.properties.oracle import expand
+from swapspec.strategies import CallInput, build_tree
+from swapspec.strategies.trees import ContainerSpec, LeafSpec, TensorSpec, TieSpec, TreeSpec
+
+X = torch.linspace(-1, 1, 8).reshape(2, 4)
+
+
+def tied_batch_norm() -> torch.nn.Module:
+    """A BatchNorm1d whose ``running_mean`` and ``running_var`` are one tensor (training mode:
+    forward updates both in place)."""
+    return build_tree(TreeSpec(root=LeafSpec(kind="BatchNorm1d"),
+                               ties=(TieSpec(slots=(("", "running_var"), ("", "running_mean"))),)))
+
+
+def buffer_updated_by_a_sibling(*, tied: bool) -> torch.nn.Module:
+    """Leaf ``0`` adds 1 to its buffer ``steps`` in forward; leaf ``1`` reads its buffer ``b1``,
+    which (``tied``) is that very ``steps`` tensor."""
+    ties = (TieSpec(slots=(("0", "steps"), ("1", "b1"))),) if tied else ()
+    return build_tree(TreeSpec(root=ContainerSpec(children=(
+        LeafSpec(behaviours=("inplace",)),
+        LeafSpec(tensors=(TensorSpec(name="b1", shape=(1,), buffer=True),)),
+    )), ties=ties))
+
+
+def call(tensors: dict, *, tie_weights: bool = False) -> CallInput:
+    return CallInput(tensors, (X.clone(),), {}, tie_weights=tie_weights)
+
+
+def filled_of(module, c: CallInput) -> dict:
+    return expand(module, c.tensors, c.tie_weights)
+
+
+# ---- replaced_originals (FC-RESTORE, FC-GRADIENTS, TOGETHER-CONVERTED-CALL) -----------------
+
+
+def test_an_original_an_unfilled_alias_still_shows_is_not_replaced():
+    module = tied_batch_norm()
+    shared = module.running_var
+    c = call({"running_var": torch.ones(4)})
+    assert id(shared) not in replaced_originals(module, filled_of(module, c))
+
+
+def test_the_tied_batch_norm_call_changes_only_what_forward_can_reach():
+    module = tied_batch_norm()
+    shared = module.running_var
+    before = module_state(module)
+    c = call({"running_var": torch.ones(4)})
+    replaced = replaced_originals(module, filled_of(module, c))
+    reference.functional_call(module, c.tensors, c.args, tie_weights=False)
+    assert not same_values(shared, before.values[id(shared)])  # the un-given alias was updated
+    for key in replaced:
+        tensor = next(t for t in before.slots.values() if id(t) == key)
+        assert same_values(tensor, before.values[key])
+
+
+def test_an_original_out_of_every_slot_is_replaced():
+    module = build_tree(TreeSpec(root=LeafSpec(kind="BatchNorm1d")))
+    original = module.running_var
+    c = call({"running_var": torch.ones(4)})
+    assert replaced_originals(module, filled_of(module, c)) == {id(original)}
+
+
+def test_with_tie_weights_the_alias_is_filled_too_so_the_original_is_replaced():
+    module = tied_batch_norm()
+    shared = module.running_var
+    c = call({"running_var": torch.ones(4)}, tie_weights=True)
+    assert replaced_originals(module, filled_of(module, c)) == {id(shared)}
+
+
+def test_an_original_given_back_under_its_own_name_is_not_replaced():
+    module = buffer_updated_by_a_sibling(tied=True)
+    c = call({"1.b1": module[1].b1})
+    assert replaced_originals(module, filled_of(module, c)) == set()
+
+
+# ---- loaded_copy (FC-ORACLE, FC-WRITE-BACK, the `raised` clause) -------------------------
+
+
+def test_a_module_tensor_given_back_keeps_its_alias_in_the_copy():
+    module = buffer_updated_by_a_sibling(tied=True)
+    c = call({"1.b1": module[1].b1})
+    copy, _ = loaded_copy(module, filled_of(module, c), c)
+    assert copy[1].b1 is copy[0].steps
+    assert copy[1].b1 is not module[1].b1
+
+
+def test_the_copy_of_a_given_back_alias_matches_the_real_call():
+    module = buffer_updated_by_a_sibling(tied=True)
+    c = call({"1.b1": module[1].b1})
+    want = copy_outcome(module, filled_of(module, c), c)
+    got = reference.functional_call(module, c.tensors, c.args, tie_weights=False)
+    assert want.error is None
+    assert same_values(got, want.result)
+
+
+def test_a_module_tensor_given_under_another_name_is_aliased_in_the_copy():
+    module = buffer_updated_by_a_sibling(tied=False)
+    c = call({"1.b1": module[0].steps})
+    copy, _ = loaded_copy(module, filled_of(module, c), c)
+    assert copy[1].b1 is copy[0].steps
+    want = copy_outcome(module, filled_of(module, c), c)
+    got = reference.functional_call(module, c.tensors, c.args, tie_weights=False)
+    assert same_values(got, want.result)
+
+
+def test_a_fresh_tensor_given_under_two_names_is_one_clone_in_the_copy():
+    module = buffer_updated_by_a_sibling(tied=False)
+    fresh = torch.full((1,), 0.5)
+    c = call({"1.b1": fresh, "0.steps": fresh})
+    copy, _ = loaded_copy(module, filled_of(module, c), c)
+    assert copy[1].b1 is copy[0].steps
+    assert copy[1].b1 is not fresh and same_values(copy[1].b1, fresh)
+
+
+def test_the_copy_leaves_the_module_and_the_given_tensors_alone():
+    module = buffer_updated_by_a_sibling(tied=True)
+    fresh = torch.full((1,), 0.5)
+    values = {n: t.clone() for n, t in named_tensors(module).items()}
+    c = call({"0.steps": fresh})
+    copy_outcome(module, filled_of(module, c), c)
+    assert all(same_values(t, values[n]) for n, t in named_tensors(module).items())
+    assert same_values(fresh, torch.full((1,), 0.5))
+
+
+def test_the_copy_judges_own_tensors_by_the_module_before_the_call():
+    """A target that left a given tensor in a slot (no restore) must not make it the module's
+    own: with ``own`` the names the module held before, the copy gets a clone of it."""
+    module = buffer_updated_by_a_sibling(tied=False)
+    before = named_tensors(module)
+    fresh = torch.full((1,), 0.5)
+    module[1]._buffers["b1"] = fresh  # what an unrestored call leaves
+    c = call({"1.b1": fresh})
+    copy, _ = loaded_copy(module, filled_of(module, c), c, own=before)
+    assert copy[1].b1 is not copy[0].steps and same_values(copy[1].b1, fresh)
+    unjudged, _ = loaded_copy(module, filled_of(module, c), c)
+    assert not same_values(unjudged[1].b1, fresh)  # judged by the module now: its own slot

@@ -1,0 +1,76 @@
+"""Unit tests of the soak runner's parts and of the plugin's filter-rate counts (no pytest runs)."""
+
+from __future__ import annotations
+
+from swapspec.properties import soak
+from swapspec.properties.plugin import filter_rates, render_rate
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="3">
+<testcase classname="properties.test_apply" name="test_apply_keeps_ties[reference]" time="1.0"/>
+<testcase classname="properties.test_apply" name="test_apply_path[reference]" time="1.0">
+<failure message="ConformanceError: APPLY-PATH on target 'reference':">Falsifying example
+You can reproduce this test case by temporarily adding @reproduce_failure('6.170.17', b'AXic') as a decorator</failure>
+</testcase>
+<testcase classname="properties.test_functional_call" name="test_fc_tie_rules[reference]" time="1.0">
+<error message="FailedHealthCheck: filter_too_much">no blob here</error>
+</testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_runs_alternate_the_dev_profile_and_hypothesis_default():
+    assert [soak.profile_of(i) for i in range(4)] == ["swapspec-dev", None, "swapspec-dev", None]
+
+
+def test_the_dev_run_asks_for_its_profile_and_the_default_run_for_none():
+    dev = soak.pytest_command(7, "swapspec-dev", "reference", "j.xml", ["-n", "2"])
+    default = soak.pytest_command(7, None, "reference", "j.xml", [])
+    assert "--swapspec-profile=swapspec-dev" in dev and dev[-2:] == ["-n", "2"]
+    assert not any(a.startswith("--swapspec-profile") or a.startswith("--hypothesis-profile")
+                   for a in default)
+    assert "--hypothesis-seed=7" in default and "--swapspec-target=reference" in default
+
+
+def test_failures_are_read_with_their_blob_from_junit(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    tests, failures = soak.failures_in(path, 42, None)
+    assert tests == 3
+    assert [f.test for f in failures] == [
+        "properties/test_apply.py::test_apply_path[reference]",
+        "properties/test_functional_call.py::test_fc_tie_rules[reference]"]
+    assert failures[0].blob == "@reproduce_failure('6.170.17', b'AXic')"
+    assert failures[1].blob is None and "filter_too_much" in failures[1].message
+    assert all(f.seed == 42 for f in failures)
+
+
+def test_a_missing_report_is_no_tests_and_no_failures(tmp_path):
+    assert soak.failures_in(tmp_path / "absent.xml", 1, None) == (0, [])
+
+
+def test_the_replay_command_names_seed_profile_and_target():
+    failure = soak.Failure("properties/test_apply.py::t[reference]", 9, "swapspec-dev", None, "x")
+    command = soak.replay_command(failure, "reference")
+    assert "--hypothesis-seed=9" in command and "--swapspec-profile=swapspec-dev" in command
+    assert "'properties/test_apply.py::t[reference]'" in command
+
+
+def test_the_summary_counts_failed_runs_and_lists_each_failure():
+    bad = soak.Failure("p::t", 5, None, "@reproduce_failure('v', b'x')", "boom")
+    runs = [soak.Run(0, 1, "swapspec-dev", 0, 1.0, 3, []), soak.Run(1, 5, None, 1, 2.0, 3, [bad])]
+    lines = soak.summary(runs, "reference")
+    assert lines[0] == "soak: 2 runs against reference, 1 failed, 1 failures"
+    assert any("FAILURE p::t seed=5 profile=default" in line for line in lines)
+    assert any("@reproduce_failure('v', b'x')" in line for line in lines)
+
+
+def test_filter_rates_sum_every_test_of_a_pair_and_skip_reports_without_counts():
+    results = [
+        {"property": "P", "target": "t", "cases": {"cases": 30, "invalid": 5}},
+        {"property": "P", "target": "t", "cases": {"cases": 10, "invalid": 1}},
+        {"property": "P", "target": "u"},
+    ]
+    assert filter_rates(results) == {"P": {"t": {"cases": 40, "invalid": 6}}}
+    assert render_rate({"cases": 40, "invalid": 6}) == "15.0% (6/40)"
+    assert render_rate({"cases": 0, "invalid": 0}) == "0.0% (0/0)"
