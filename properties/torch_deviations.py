@@ -114,10 +114,12 @@ def swap_refuses_subclass(example: Example) -> bool:
 def old_weight_norm_swapped(example: Example) -> bool:
     """A module with the old hook-based ``weight_norm`` or ``spectral_norm`` takes the swap path
     for the tensors its computed ``weight`` attribute comes from (``weight_g``/``weight_v``,
-    ``weight_orig``): that attribute's autograd graph can hold them, so ``swap_tensors`` may
-    refuse them and ``_apply`` raises."""
+    ``weight_orig``) while that attribute carries an autograd graph (``grad_fn``): the graph
+    holds them, so ``swap_tensors`` refuses them and ``_apply`` raises. (A spectral-norm weight
+    computed with no forward yet has no graph, and then the swap goes through.)"""
     for m in _scope(example):
-        hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm | SpectralNorm)]
+        hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm | SpectralNorm)
+                 and getattr(getattr(m, h.name, None), "grad_fn", None) is not None]
         for hook in hooks:
             for suffix in ("_g", "_v", "_orig"):
                 p = m._parameters.get(hook.name + suffix)
