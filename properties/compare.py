@@ -1,6 +1,6 @@
 """Compare two ``--swapspec-report`` files: what appeared, what disappeared, what changed counts.
 
-Usage: ``python -m swapspec.properties.compare A.json B.json [--presence]``
+Usage: ``python -m swapspec.properties.compare A.json B.json [--presence] [--table TARGET]``
 
 ``A`` is the baseline (the last release, the main branch), ``B`` the candidate (a new
 release, your branch). For every property x target cell it lists, under B's view of A:
@@ -11,6 +11,9 @@ release, your branch). For every property x target cell it lists, under B's view
   fix shows up; an undeclared failure gone is a regression fixed);
 - **changed counts**: the same item in both, with different example counts (``--presence``
   leaves these out: counts move whenever the draws differ, presence is what bisects).
+
+``--table TARGET`` prints, instead, TARGET's cells of both reports side by side as a Markdown
+table (the conformance report's cell text), one row per property.
 
 Exit status, so that it can drive ``git bisect run``: 0 when the reports agree (on presence
 only, with ``--presence``), 1 when they differ, 2 when a file cannot be read or is not a
@@ -122,6 +125,19 @@ def render(a: dict[str, Any], b: dict[str, Any], changes: list[Change], *, prese
     return "\n".join(lines)
 
 
+def side_by_side(a: dict[str, Any], b: dict[str, Any], target: str) -> str:
+    """``target``'s cells of both reports as a Markdown table, one row per property."""
+    from swapspec.properties.plugin import render_cell
+
+    lines = [f"| property | torch {a.get('torch', '?')} | torch {b.get('torch', '?')} |",
+             "|---|---|---|"]
+    for pid in sorted(set(a["table"]) | set(b["table"])):
+        cells = [report["table"].get(pid, {}).get(target) for report in (a, b)]
+        text = [render_cell(c).replace("|", "\\|") if c else "-" for c in cells]
+        lines.append(f"| `{pid}` | {text[0]} | {text[1]} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m swapspec.properties.compare",
                                      description=__doc__.split("\n\n")[0])
@@ -129,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("b", help="candidate report")
     parser.add_argument("--presence", action="store_true",
                         help="ignore count changes: only what appeared or disappeared")
+    parser.add_argument("--table", metavar="TARGET",
+                        help="print TARGET's cells of both reports side by side (Markdown)")
     args = parser.parse_args(argv)
     try:
         a, b = load_report(args.a), load_report(args.b)
@@ -138,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     changes = compare_reports(a, b)
     if args.presence:
         changes = [c for c in changes if c.kind != "changed"]
-    print(render(a, b, changes, presence=args.presence))
+    if args.table:
+        print(side_by_side(a, b, args.table))
+    else:
+        print(render(a, b, changes, presence=args.presence))
     return DIFFERENT if changes else SAME
 
 

@@ -101,3 +101,13 @@ def test_a_cell_run_on_one_side_only_is_named():
     assert whats == {("appeared", "FC-TIES", "cell (property x target run)"),
                      ("appeared", "FC-TIES", "status skipped"),
                      ("appeared", "FC-TIES", "skipped (r)")}
+
+
+def test_table_puts_one_targets_cells_side_by_side(reports):
+    proc = _compare("--table", "planted-pair", *map(str, reports))
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == DIFFERENT
+    assert lines[0].startswith("| property | torch ") and len(lines) == 4
+    assert lines[2].startswith("| `APPLY-TIES` | deviation (parameter-tie-splitx")
+    assert lines[2].endswith(" | pass |")
+    assert lines[3] == "| `FC-RESTORE` | pass | fail |"
