@@ -126,6 +126,8 @@ DECLARED: Counter[tuple[str, str, str]] = Counter()
 DECLARED_SHOWN: Counter[tuple[str, str, str]] = Counter()
 # Survey mode only: violations no declaration covers, (property_id, target_name, clause) -> examples.
 UNDECLARED: Counter[tuple[str, str, str]] = Counter()
+# Survey mode only: the first message of each undeclared clause, for its report cell.
+UNDECLARED_MESSAGES: dict[tuple[str, str, str], str] = {}
 
 
 @dataclass
@@ -167,6 +169,9 @@ class Checker:
         if surveying():
             for clause in {v.clause for v in unexplained}:
                 UNDECLARED[(self.property_id, self.target.name, clause)] += 1
+            for v in unexplained:
+                UNDECLARED_MESSAGES.setdefault((self.property_id, self.target.name, v.clause),
+                                               v.message[:300])
             unexplained, stale = [], []
         if not unexplained and not stale:
             self._count(violated & declared)

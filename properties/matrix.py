@@ -78,6 +78,9 @@ def undeclared_rows(reports: list[dict]) -> list[dict[str, Any]]:
                     cell_out = entry["cells"].setdefault(report["torch"], {"examples": 0, "targets": []})
                     cell_out["examples"] += n
                     cell_out["targets"].append(target)
+                    message = cell.get("undeclared_messages", {}).get(what.removeprefix("undeclared "))
+                    if message and not entry.get("message"):
+                        entry["message"] = f"{report['torch']}, {target}: {message}"
     for entry in rows.values():
         for report in reports:
             if report["torch"] not in entry["cells"]:
@@ -177,7 +180,8 @@ def render_markdown(matrix: dict[str, Any]) -> str:
         lines += ["| property | what " + head, "|---|---" + sep]
         for u in matrix["undeclared"]:
             cells = " | ".join(_render_cell(u["cells"][v]) for v in versions)
-            lines.append(f"| {u['property']} | {_md(u['what'])} | {cells} |")
+            what = u["what"] + (f" (first: {u['message']})" if u.get("message") else "")
+            lines.append(f"| {u['property']} | {_md(what)} | {cells} |")
     else:
         lines.append("none")
     lines += ["", "Declarations observed on no version: "

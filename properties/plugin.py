@@ -19,7 +19,8 @@ Options (each also read from an environment variable, then from the ini file):
   ``{"torch": version, "table": {property: {target: cell}}}``; a cell holds ``status``,
   ``reason`` (a skip's reason, a failure's first line), ``tests``, ``deviations`` (declared
   clause -> examples), ``declarations`` (declaration key -> ``[examples it applied to,
-  examples that showed it]``) and ``undeclared`` (survey mode: clause -> examples); beside
+  examples that showed it]``), ``undeclared`` (survey mode: clause -> examples) and
+  ``undeclared_messages`` (clause -> its first example's message); beside
   the table, ``declared`` lists every declaration of the targets run.
 """
 
@@ -313,8 +314,10 @@ def pytest_runtest_call(item: pytest.Item):
         applied = Counter(deviations.DECLARED) - declared[0]
         showed = Counter(deviations.DECLARED_SHOWN) - declared[1]
         item.swapspec_declarations = {key[2]: [n, showed[key]] for key, n in applied.items()}
-        item.swapspec_undeclared = {clause: n for (_, _, clause), n
-                                    in (Counter(deviations.UNDECLARED) - undeclared).items()}
+        new_undeclared = Counter(deviations.UNDECLARED) - undeclared
+        item.swapspec_undeclared = {clause: n for (_, _, clause), n in new_undeclared.items()}
+        item.swapspec_undeclared_messages = {key[2]: deviations.UNDECLARED_MESSAGES.get(key, "")
+                                             for key in new_undeclared}
         hits = Counter(deviations.IN_REGION) - region
         seen = Counter(deviations.SHOWN) - shown
         item.swapspec_stale = [key for key, n in hits.items()
@@ -338,7 +341,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         entry = {"property": pid, "target": target.name,
                  "deviations": {clause: n for (_, _, clause), n in counts.items()},
                  "declarations": getattr(item, "swapspec_declarations", {}) if call else {},
-                 "undeclared": getattr(item, "swapspec_undeclared", {}) if call else {}}
+                 "undeclared": getattr(item, "swapspec_undeclared", {}) if call else {},
+                 "undeclared_messages":
+                     getattr(item, "swapspec_undeclared_messages", {}) if call else {}}
         report.user_properties.append((REPORT_KEY, entry))
     return report
 
@@ -421,6 +426,9 @@ def _merge_counts(cell: dict, result: dict) -> None:
     undeclared = cell.setdefault("undeclared", {})
     for clause, n in result.get("undeclared", {}).items():
         undeclared[clause] = undeclared.get(clause, 0) + n
+    messages = cell.setdefault("undeclared_messages", {})
+    for clause, message in result.get("undeclared_messages", {}).items():
+        messages.setdefault(clause, message)
 
 
 def render_cell(cell: dict) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -54,10 +53,10 @@ def test_holds_for_installed_torch_reads_torch_version(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def restore_observed():
-    """Checker.verdict counts into a process-global Counter; put it back after each test."""
+    """Checker.verdict counts into process-global counters; put them back after each test."""
     counters = (deviations.OBSERVED, deviations.DECLARED, deviations.DECLARED_SHOWN,
-                deviations.UNDECLARED)
-    saved = [Counter(c) for c in counters]
+                deviations.UNDECLARED, deviations.UNDECLARED_MESSAGES)
+    saved = [dict(c) for c in counters]
     for c in counters:
         c.clear()
     yield
@@ -184,6 +183,7 @@ def test_survey_mode_counts_undeclared_and_stale_instead_of_raising(monkeypatch)
     check.that(False, "grad-lost", "grad gone")
     check.verdict()
     assert dict(deviations.UNDECLARED) == {("APPLY-TIES", "planted", "grad-lost"): 1}
+    assert deviations.UNDECLARED_MESSAGES[("APPLY-TIES", "planted", "grad-lost")] == "grad gone"
     assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", stale.key): 0}
     assert not deviations.OBSERVED
 
@@ -214,7 +214,7 @@ def test_table_merges_tests_of_one_pair():
     ])
     assert table == {"P": {"t": {"status": "deviation", "deviations": {"a": 3, "b": 4},
                                  "reason": "", "tests": 4, "declarations": {},
-                                 "undeclared": {}}}}
+                                 "undeclared": {}, "undeclared_messages": {}}}}
     assert render_cell(table["P"]["t"]) == "deviation (ax3, bx4)"
 
 

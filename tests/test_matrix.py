@@ -25,7 +25,8 @@ def _report(version: str, applied: int, shown: int, *, status: str = "deviation"
             undeclared: dict | None = None, reason: str = "") -> dict:
     cell = {"status": status, "reason": reason, "tests": 1, "deviations": {},
             "declarations": {KEY: [applied, shown]} if applied else {},
-            "undeclared": undeclared or {}}
+            "undeclared": undeclared or {},
+            "undeclared_messages": {clause: f"{clause} on {version}" for clause in undeclared or {}}}
     return {"torch": version, "table": {"APPLY-TIES": {"torch": cell}}, "declared": DECLARED}
 
 
@@ -69,6 +70,8 @@ def test_undeclared_violations_and_raised_properties_get_rows():
     assert [c["state"] for c in rows[("APPLY-TIES", "undeclared raised")].values()] == [
         OBSERVED, NOT_OBSERVED, NOT_OBSERVED]
     assert rows[("APPLY-TIES", "undeclared raised")]["2.3.0"]["examples"] == 3
+    [raised] = [u for u in matrix["undeclared"] if u["what"] == "undeclared raised"]
+    assert raised["message"] == "2.3.0, torch: raised on 2.3.0"
 
 
 def test_main_writes_markdown_and_json(tmp_path):
