@@ -9,6 +9,11 @@ declarations that apply to this example:
 - a declared clause that was not violated fails too: the declaration is stale, the
   target now does what the spec says there (remove the declaration);
 - otherwise the example passes, and each matching declaration counts one deviation.
+
+Survey mode (``SWAPSPEC_SURVEY=1``, what ``.ci/oracle-matrix`` runs) observes instead of
+judging: every declaration applies whatever its ``torch_versions``, and neither a stale
+declaration nor an undeclared violation fails the example; both are only counted
+(``DECLARED``, ``UNDECLARED``), so one run says what a torch release does everywhere.
 """
 
 from __future__ import annotations
@@ -64,8 +69,13 @@ class Deviation:
         return _as_tuple(self.observed)
 
     def holds_for_installed_torch(self) -> bool:
-        """Whether the installed torch falls inside ``torch_versions``."""
-        return version_in_range(torch.__version__, *self.torch_versions)
+        """Whether the installed torch falls inside ``torch_versions`` (always, in survey mode)."""
+        return surveying() or version_in_range(torch.__version__, *self.torch_versions)
+
+
+def surveying() -> bool:
+    """Survey mode: count stale declarations and undeclared violations instead of failing."""
+    return os.environ.get("SWAPSPEC_SURVEY") == "1"
 
 
 def _as_tuple(value: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -119,6 +129,14 @@ OBSERVED: Counter[tuple[str, str, str]] = Counter()
 # region, and -> examples that showed the behaviour.
 IN_REGION: Counter[tuple[str, str, str]] = Counter()
 SHOWN: Counter[tuple[str, str, str]] = Counter()
+# Every declaration that applied to an example: (property_id, target_name, key) -> examples,
+# and -> examples that showed it (violated one of its clauses).
+DECLARED: Counter[tuple[str, str, str]] = Counter()
+DECLARED_SHOWN: Counter[tuple[str, str, str]] = Counter()
+# Survey mode only: violations no declaration covers, (property_id, target_name, clause) -> examples.
+UNDECLARED: Counter[tuple[str, str, str]] = Counter()
+# Survey mode only: the first message of each undeclared clause, for its report cell.
+UNDECLARED_MESSAGES: dict[tuple[str, str, str], str] = {}
 
 
 @dataclass
@@ -157,13 +175,28 @@ class Checker:
                 key = (self.property_id, self.target.name, d.key)
                 IN_REGION[key] += 1
                 SHOWN[key] += bool(violated & set(d.clauses))
+        if surveying():
+            for clause in {v.clause for v in unexplained}:
+                UNDECLARED[(self.property_id, self.target.name, clause)] += 1
+            for v in unexplained:
+                UNDECLARED_MESSAGES.setdefault((self.property_id, self.target.name, v.clause),
+                                               v.message[:300])
+            unexplained, stale = [], []
         if not unexplained and not stale:
-            for clause in violated:
-                OBSERVED[(self.property_id, self.target.name, clause)] += 1
+            self._count(violated & declared)
             return
         script = self._repro(repro, unexplained)
         error = ConformanceError(self._explain(unexplained, stale, bool(script)), unexplained, script)
         raise error
+
+    def _count(self, shown: set[str]) -> None:
+        """Count a passing example: its declared clauses, and each declaration that applied."""
+        for clause in shown:
+            OBSERVED[(self.property_id, self.target.name, clause)] += 1
+        for d in self.declared:
+            key = (self.property_id, self.target.name, d.key)
+            DECLARED[key] += 1
+            DECLARED_SHOWN[key] += bool(shown & set(d.clauses))
 
     def _explain(self, unexplained, stale, has_repro: bool) -> str:
         lines = [f"{self.property_id} on target {self.target.name!r}:"]

@@ -15,8 +15,15 @@ Options (each also read from an environment variable, then from the ini file):
   profiles ``swapspec-dev``, ``swapspec-ci``, ``swapspec-thorough``, ``swapspec-mutation``
   (no shrinking, for ``.mutation/run``). Without it no profile
   is loaded, so the host project's own choice stands.
-- ``--swapspec-report`` / ``SWAPSPEC_REPORT``: write the conformance table as JSON there; each
-  failing cell lists its failures (property, clause, message, repro).
+- ``--swapspec-report`` / ``SWAPSPEC_REPORT``: write the conformance table as JSON there:
+  ``{"torch": version, "table": {property: {target: cell}}}``; a cell holds ``status``,
+  ``reason`` (a skip's reason, a failure's first line), ``tests``, ``deviations`` (declared
+  clause -> examples), ``declarations`` (declaration key -> ``[examples it applied to,
+  examples that showed it]``), ``undeclared`` (survey mode: clause -> examples) and
+  ``undeclared_messages`` (clause -> its first example's message); beside
+  the table, ``declared`` lists every declaration of the targets run, and ``filter_rates``; a
+  failing cell also lists its
+  failures (property, clause, message, repro), and a cell may hold the filter-rate ``cases``.
 - ``--swapspec-repro-dir`` / ``SWAPSPEC_REPRO_DIR``: also write each failure's standalone repro
   to a file there, named after the test id.
 - ``--swapspec-database`` / ``SWAPSPEC_DATABASE``: a directory (or ``redis://host:port/db``);
@@ -344,12 +351,21 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> 
 def pytest_runtest_call(item: pytest.Item):
     before = Counter(deviations.OBSERVED)
     region, shown = Counter(deviations.IN_REGION), Counter(deviations.SHOWN)
+    declared = Counter(deviations.DECLARED), Counter(deviations.DECLARED_SHOWN)
+    undeclared = Counter(deviations.UNDECLARED)
     try:
         with _count_cases(item):
             _use_shared_database(item)
             return (yield)
     finally:
         item.swapspec_deviations = dict(Counter(deviations.OBSERVED) - before)
+        applied = Counter(deviations.DECLARED) - declared[0]
+        showed = Counter(deviations.DECLARED_SHOWN) - declared[1]
+        item.swapspec_declarations = {key[2]: [n, showed[key]] for key, n in applied.items()}
+        new_undeclared = Counter(deviations.UNDECLARED) - undeclared
+        item.swapspec_undeclared = {clause: n for (_, _, clause), n in new_undeclared.items()}
+        item.swapspec_undeclared_messages = {key[2]: deviations.UNDECLARED_MESSAGES.get(key, "")
+                                             for key in new_undeclared}
         hits = Counter(deviations.IN_REGION) - region
         seen = Counter(deviations.SHOWN) - shown
         item.swapspec_stale = [key for key, n in hits.items()
@@ -430,7 +446,7 @@ def _count_cases(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     stale = getattr(item, "swapspec_stale", None)
-    if report.when == "call" and report.passed and stale:
+    if report.when == "call" and report.passed and stale and not deviations.surveying():
         report.outcome = "failed"
         report.longrepr = "\n".join(
             f"stale deviation: {key[2]!r} of {key[0]} on {key[1]}: its region was hit "
@@ -438,9 +454,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             for key in stale)
     pid, target = property_id(item), _target_of(item)
     if pid is not None and target is not None:
-        counts = getattr(item, "swapspec_deviations", {}) if report.when == "call" else {}
+        call = report.when == "call"
+        counts = getattr(item, "swapspec_deviations", {}) if call else {}
         entry = {"property": pid, "target": target.name,
-                 "deviations": {clause: n for (_, _, clause), n in counts.items()}}
+                 "deviations": {clause: n for (_, _, clause), n in counts.items()},
+                 "declarations": getattr(item, "swapspec_declarations", {}) if call else {},
+                 "undeclared": getattr(item, "swapspec_undeclared", {}) if call else {},
+                 "undeclared_messages":
+                     getattr(item, "swapspec_undeclared_messages", {}) if call else {}}
         if report.failed:
             entry["failures"] = _failures(pid, call, report)
             _show_repros(item, report, entry["failures"])
@@ -502,7 +523,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     results = _config_results(report)
     if results is not None:
         results.append({**entry, "status": status, "nodeid": report.nodeid,
-                        "reason": _skip_reason(report) if report.skipped else ""})
+                        "reason": _reason(report)})
 
 
 _CONFIG: list[pytest.Config] = []
@@ -520,14 +541,22 @@ def _config_results(report) -> list | None:
 def _status(report: pytest.TestReport, entry: dict) -> str:
     if report.skipped:
         return "skipped"
-    if report.failed:
+    if report.failed or entry.get("undeclared"):
         return "fail"
     return "deviation" if entry["deviations"] else "pass"
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def _reason(report: pytest.TestReport) -> str:
+    """A skip's reason, a failure's first line (exception type and message), else empty."""
     longrepr = report.longrepr
-    return longrepr[2].removeprefix("Skipped: ") if isinstance(longrepr, tuple) else str(longrepr)
+    if report.skipped:
+        return longrepr[2].removeprefix("Skipped: ") if isinstance(longrepr, tuple) else str(longrepr)
+    if report.failed:
+        crash = getattr(longrepr, "reprcrash", None)
+        text = crash.message if crash is not None else str(longrepr)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return " ".join(lines[:2])[:200]
+    return ""
 
 
 def conformance_table(results: list[dict]) -> dict[str, dict[str, dict]]:
@@ -553,7 +582,23 @@ def conformance_table(results: list[dict]) -> dict[str, dict[str, dict]]:
         for clause, n in r["deviations"].items():
             cell["deviations"][clause] = cell["deviations"].get(clause, 0) + n
         cell["failures"] += r.get("failures", [])
+        _merge_counts(cell, r)
     return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
+
+
+def _merge_counts(cell: dict, result: dict) -> None:
+    """Add a result's declaration counts ``[applied, shown]`` and undeclared clause counts."""
+    declarations = cell.setdefault("declarations", {})
+    for key, (applied, shown) in result.get("declarations", {}).items():
+        total = declarations.setdefault(key, [0, 0])
+        total[0] += applied
+        total[1] += shown
+    undeclared = cell.setdefault("undeclared", {})
+    for clause, n in result.get("undeclared", {}).items():
+        undeclared[clause] = undeclared.get(clause, 0) + n
+    messages = cell.setdefault("undeclared_messages", {})
+    for clause, message in result.get("undeclared_messages", {}).items():
+        messages.setdefault(clause, message)
 
 
 TABLE_WIDTH = 100
@@ -665,6 +710,19 @@ def render_rates(rates: dict[str, dict[str, dict[str, int]]]) -> list[str]:
     return lines
 
 
+def declared_deviations(targets: list[Target]) -> list[dict]:
+    """Every deviation the targets declare: key, properties, clauses, ``torch_versions``, targets."""
+    found: dict[tuple, dict] = {}
+    for target in targets:
+        for d in target.deviations:
+            entry = found.setdefault((d.key, d.property_ids), {
+                "key": d.key, "properties": list(d.property_ids), "clauses": list(d.clauses),
+                "torch_versions": list(d.torch_versions), "always": d.always, "targets": []})
+            if target.name not in entry["targets"]:
+                entry["targets"].append(target.name)
+    return list(found.values())
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     results = getattr(config, "swapspec_results", None)
     if not results or hasattr(config, "workerinput"):
@@ -682,6 +740,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     path = _option(config, "--swapspec-report", "SWAPSPEC_REPORT")
     if path:
         with open(path, "w") as f:
-            json.dump({"torch": torch.__version__, "table": table, "filter_rates": rates}, f,
-                      indent=2, sort_keys=True)
+            json.dump({"torch": torch.__version__, "table": table, "filter_rates": rates,
+                       "declared": declared_deviations(config.swapspec_targets or [])},
+                      f, indent=2, sort_keys=True)
         terminalreporter.write_line(f"swapspec: wrote JSON report to {path}")

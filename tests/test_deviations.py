@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -58,12 +57,16 @@ def test_holds_for_installed_torch_reads_torch_version(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def restore_observed():
-    """Checker.verdict counts into a process-global Counter; put it back after each test."""
-    saved = Counter(deviations.OBSERVED)
-    deviations.OBSERVED.clear()
+    """Checker.verdict counts into process-global counters; put them back after each test."""
+    counters = (deviations.OBSERVED, deviations.DECLARED, deviations.DECLARED_SHOWN,
+                deviations.UNDECLARED, deviations.UNDECLARED_MESSAGES)
+    saved = [dict(c) for c in counters]
+    for c in counters:
+        c.clear()
     yield
-    deviations.OBSERVED.clear()
-    deviations.OBSERVED.update(saved)
+    for c, kept in zip(counters, saved, strict=True):
+        c.clear()
+        c.update(kept)
 
 
 def _target(*declared: Deviation, name: str = "planted") -> SimpleNamespace:
@@ -168,6 +171,39 @@ def test_predicate_sees_the_example():
     assert seen == [EXAMPLE]
 
 
+def test_a_passing_example_counts_each_declaration_that_applied_and_whether_it_showed():
+    shown, quiet = _always("tie-split"), _always("other", always=False)
+    check = Checker("APPLY-TIES", _target(shown, quiet), EXAMPLE)
+    check.that(False, "tie-split", "split")
+    check.verdict()
+    assert dict(deviations.DECLARED) == {("APPLY-TIES", "planted", shown.key): 1,
+                                   ("APPLY-TIES", "planted", quiet.key): 1}
+    assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", shown.key): 1,
+                                         ("APPLY-TIES", "planted", quiet.key): 0}
+
+
+def test_survey_mode_counts_undeclared_and_stale_instead_of_raising(monkeypatch):
+    monkeypatch.setenv("SWAPSPEC_SURVEY", "1")
+    stale = _always("tie-split", torch_versions=(None, "1.0"))  # outside the range: applies anyway
+    check = Checker("APPLY-TIES", _target(stale), EXAMPLE)
+    assert check.declared == [stale]
+    check.that(False, "grad-lost", "grad gone")
+    check.verdict()
+    assert dict(deviations.UNDECLARED) == {("APPLY-TIES", "planted", "grad-lost"): 1}
+    assert deviations.UNDECLARED_MESSAGES[("APPLY-TIES", "planted", "grad-lost")] == "grad gone"
+    assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", stale.key): 0}
+    assert not deviations.OBSERVED
+
+
+def test_without_survey_mode_the_same_example_raises(monkeypatch):
+    monkeypatch.delenv("SWAPSPEC_SURVEY", raising=False)
+    check = Checker("APPLY-TIES", _target(_always("tie-split")), EXAMPLE)
+    check.that(False, "grad-lost", "grad gone")
+    with pytest.raises(ConformanceError):
+        check.verdict()
+    assert not deviations.UNDECLARED and not deviations.DECLARED
+
+
 # ---- conformance_table and rendering -----------------------------------------------------
 
 
@@ -184,7 +220,8 @@ def test_table_merges_tests_of_one_pair():
         _result("P", "t", "pass"),
     ])
     assert table == {"P": {"t": {"status": "deviation", "deviations": {"a": 3, "b": 4},
-                                 "reason": "", "tests": 4, "failures": []}}}
+                                 "reason": "", "tests": 4, "failures": [], "declarations": {},
+                                 "undeclared": {}, "undeclared_messages": {}}}}
     assert render_cell(table["P"]["t"], 1) == "dev [1]"
     assert cell_note(table["P"]["t"]) == "deviations seen: a x3, b x4"
 
@@ -201,6 +238,14 @@ def test_table_cell_takes_the_worst_status(statuses, worst):
                        "why" if s == "skipped" else "") for s in statuses]
     cell = conformance_table(results)["P"]["t"]
     assert (cell["status"], cell["tests"]) == (worst, len(statuses))
+
+
+def test_table_sums_declaration_and_undeclared_counts():
+    results = [{**_result("P", "t", "deviation", {"a": 1}), "declarations": {"a: r": [3, 1]},
+                "undeclared": {"u": 2}},
+               {**_result("P", "t", "pass"), "declarations": {"a: r": [2, 0]}}]
+    cell = conformance_table(results)["P"]["t"]
+    assert (cell["declarations"], cell["undeclared"]) == ({"a: r": [5, 1]}, {"u": 2})
 
 
 def test_table_keeps_skip_reason_and_sorts():
