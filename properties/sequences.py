@@ -101,12 +101,14 @@ class StepExample(Example):
 class StepCheck:
     """The violations of one step and the declarations that apply to it.
 
-    Rules: a violated clause that an applicable declaration names is a declared deviation
-    there (counted in the report), and so is every other violation of a step where the target
-    raised and a declaration names ``raised`` (what torch leaves after raising halfway is that
-    declaration's business). Any other violation fails the sequence. A declaration that does
-    not show at a step is not stale: whether a behaviour shows depends on the earlier steps,
-    and the one-shot properties judge staleness.
+    Rules: where an applicable declaration names a clause the step violated, the step shows
+    that declared deviation, and every other violation of the step counts as its symptom (one
+    bug, several symptoms: what torch leaves behind is that declaration's business); each
+    violated clause is counted in the report. Any other violation fails the sequence. A
+    declaration that does not show at a step is not stale: whether a behaviour shows depends
+    on the earlier steps, and the one-shot properties judge staleness. After a step where a
+    declaration applies, shown or not, the model takes the module's state as its own (a
+    deviation's effect can show only in a later step's invariant).
     """
 
     property_id: str
@@ -131,12 +133,10 @@ class StepCheck:
         return {c for d in self.declared for c in d.clauses}
 
     def verdict(self, repro_script: Callable[[list[Violation]], str]) -> bool:
-        """Raise ``ConformanceError`` for an unexplained violation; return whether the step
-        showed a declared deviation (then the model resyncs)."""
-        declared = self.declared_clauses
+        """Raise ``ConformanceError`` for an unexplained violation; return whether the model
+        must take the module's state (a declaration applies here)."""
         violated = {v.clause for v in self.violations}
-        excused_all = "raised" in violated and "raised" in declared
-        unexplained = [] if excused_all else [v for v in self.violations if v.clause not in declared]
+        unexplained = [] if violated & self.declared_clauses else self.violations
         if unexplained:
             lines = [f"{self.property_id} on target {self.target.name!r}, at step "
                      f"{self.example.step!r}:"]
@@ -146,7 +146,7 @@ class StepCheck:
             raise ConformanceError("\n".join(lines))
         for clause in violated:
             OBSERVED[(self.property_id, self.target.name, clause)] += 1
-        return bool(violated)
+        return bool(self.declared)
 
 
 def _applies(deviation: Deviation, example: StepExample) -> bool:
@@ -173,7 +173,9 @@ class SequenceMachine(RuleBasedStateMachine):
     """A module's life on one target, checked against the model (see the module docstring).
 
     ``for_target`` makes the machine for a target and a property. A host adds its own steps by
-    subclassing it and adding ``@rule`` methods that call ``self.step`` (see the README).
+    subclassing it and adding ``@rule`` methods: ``check = self.begin(name)`` before the step,
+    the step on ``self.module`` and its prediction on ``self.model``, then
+    ``self.after(check, prediction, outcome, repro_lines)`` (see the README).
     """
 
     target: Any = None
@@ -203,13 +205,13 @@ class SequenceMachine(RuleBasedStateMachine):
         self.model = ModuleModel.observe(module, spec)
         self.build_lines = [*tree_info(module).source("module").splitlines(),
                             f"x = {repro.tensor_code(self.x)}"]
-        self.after("build", StepExample(module, step="build"), Prediction(), Outcome(), [])
+        self.after(self.begin("build"), Prediction(), Outcome(), [])
 
     # ---- the rules -------------------------------------------------------------------
 
     @rule(conversion=conversions, flags=flag_settings())
     def convert(self, conversion: Any, flags: Any) -> None:
-        example = StepExample(self.module, conversion=conversion, flags=flags, step="convert")
+        check = self.begin("convert", conversion=conversion, flags=flags)
         before = self.model.snapshot()
         prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
                                         conversion.preserves_values)
@@ -219,7 +221,7 @@ class SequenceMachine(RuleBasedStateMachine):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
         lines = repro.apply_lines(self.target, conversion.source("fn"), flags.overwrite,
                                   flags.swap)
-        check = self.after("convert", example, prediction, outcome, lines)
+        self.after(check, prediction, outcome, lines)
         if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
             self.model.stop_checking_hooks(range(len(self.model.tensors)))
 
@@ -241,12 +243,12 @@ class SequenceMachine(RuleBasedStateMachine):
         tensors: Any = (given,) if tuple_form else given
         call = CallInput(tensors, (self.x,), {}, tie_weights=tie_weights,
                          form="tuple-single" if tuple_form else "dict")
-        example = StepExample(self.module, call=call, step="functional_call")
+        check = self.begin("functional_call", call=call)
+        lines = repro.functional_call_lines(self.target, given, tie_weights, tuple_form)
         prediction = model.forward(self.x, given=given, tie_weights=tie_weights)
         outcome = attempt(lambda: self.target.functional_call(
             self.module, tensors, (self.x.clone(),), {}, tie_weights=tie_weights))
-        lines = repro.functional_call_lines(self.target, given, tie_weights, tuple_form)
-        self.after("functional_call", example, prediction, outcome, lines, output=True)
+        self.after(check, prediction, outcome, lines, output=True)
 
     @precondition(lambda self: getattr(self.target, "load_state_dict", None) is not None)
     @rule(data=st.data())
@@ -256,18 +258,18 @@ class SequenceMachine(RuleBasedStateMachine):
         keys = self.module.state_dict(keep_vars=True).keys()
         values = {i: given_value(t.value) for i, t in enumerate(self.model.tensors)}
         state_dict = {k: values[self.model.slots[k]] for k in keys if k in self.model.slots}
-        example = StepExample(self.module, step="load_state_dict")
-        self.model.loaded(state_dict, assign)
-        outcome = attempt(lambda: self.target.load_state_dict(self.module, state_dict, strict=True,
-                                                              assign=assign, swap=swap))
+        check = self.begin("load_state_dict")
         given = "{" + ", ".join(f"{k!r}: {repro.tensor_code(v)}" for k, v in state_dict.items()) + "}"
         lines = ["error = None", *repro.guarded([
             f"target.load_state_dict(module, {given}, strict=True, assign={assign}, swap={swap})"])]
-        self.after("load_state_dict", example, Prediction(), outcome, lines)
+        self.model.loaded(state_dict, assign)
+        outcome = attempt(lambda: self.target.load_state_dict(self.module, state_dict, strict=True,
+                                                              assign=assign, swap=swap))
+        self.after(check, Prediction(), outcome, lines)
 
     @rule(create_graph=st.booleans())
     def backward(self, create_graph: bool) -> None:
-        example = StepExample(self.module, step="backward")
+        check = self.begin("backward")
         kind = "create-graph" if create_graph else "plain"
         prediction = self.model.forward(self.x, backward=kind)
         outcome = attempt(lambda: run_backward(self.module, self.x, create_graph))
@@ -275,7 +277,7 @@ class SequenceMachine(RuleBasedStateMachine):
             "with torch.enable_grad():", "    out = module(x.clone())",
             "    if out.requires_grad:",
             f"        out.float().sum().backward(create_graph={create_graph})"])]
-        self.after("backward", example, Prediction(error=prediction.error), outcome, lines)
+        self.after(check, Prediction(error=prediction.error), outcome, lines)
 
     @precondition(lambda self: self.opt is None and _trainable(self.model))
     @rule()
@@ -284,30 +286,30 @@ class SequenceMachine(RuleBasedStateMachine):
         named = named_tensors(self.module)
         params = [named[self.model.tensors[i].names[0]] for i in indices]
         names = [self.model.tensors[i].names[0] for i in indices]
-        example = StepExample(self.module, step="build_optimizer")
+        check = self.begin("build_optimizer")
         outcome = attempt(lambda: torch.optim.SGD(params, lr=LR, foreach=False))
         self.opt = outcome.result
         if self.opt is not None:
             self.model.build_optimizer(indices)
         lines = [f"opt = torch.optim.SGD([named(module)[n] for n in {names!r}], lr={LR}, "
                  "foreach=False)"]
-        self.after("build_optimizer", example, Prediction(), outcome, lines)
+        self.after(check, Prediction(), outcome, lines)
 
     @precondition(lambda self: self.opt is not None)
     @rule()
     def optimizer_step(self) -> None:
-        example = StepExample(self.module, step="optimizer_step")
+        check = self.begin("optimizer_step")
         prediction = self.model.optimizer_step()
         outcome = attempt(self.opt.step)
         lines = ["error = None", *repro.guarded(["opt.step()"])]
-        self.after("optimizer_step", example, prediction, outcome, lines)
+        self.after(check, prediction, outcome, lines)
 
     @rule(set_to_none=st.booleans())
     def zero_grad(self, set_to_none: bool) -> None:
-        example = StepExample(self.module, step="zero_grad")
+        check = self.begin("zero_grad")
         self.model.zero_grad(set_to_none)
         outcome = attempt(lambda: self.module.zero_grad(set_to_none=set_to_none))
-        self.after("zero_grad", example, Prediction(), outcome,
+        self.after(check, Prediction(), outcome,
                    [f"module.zero_grad(set_to_none={set_to_none})"])
 
     @precondition(lambda self: _trainable(self.model))
@@ -316,41 +318,47 @@ class SequenceMachine(RuleBasedStateMachine):
         candidates = _trainable(self.model)
         index = data.draw(st.sampled_from(candidates), label="parameter")
         name, key = self.model.tensors[index].names[0], f"h{len(self.model.hooks) // 2}"
-        example = StepExample(self.module, step="register_hooks")
+        check = self.begin("register_hooks")
         param = named_tensors(self.module)[name]
         outcome = attempt(lambda: count_hooks(param, key, self.fired))
         self.model.add_hooks(index, key)
         lines = [f"named(module)[{name!r}].register_hook(lambda g: fired.update([{key + ':hook'!r}]))",
                  f"named(module)[{name!r}].register_post_accumulate_grad_hook("
                  f"lambda p: fired.update([{key + ':post-accumulate'!r}]))"]
-        self.after("register_hooks", example, Prediction(), outcome, lines)
+        self.after(check, Prediction(), outcome, lines)
 
     @rule()
     def state_dict_round_trip(self) -> None:
-        example = StepExample(self.module, step="state_dict_round_trip")
+        check = self.begin("state_dict_round_trip")
         outcome = attempt(lambda: self.module.load_state_dict(self.module.state_dict()))
         lines = ["error = None", *repro.guarded(["module.load_state_dict(module.state_dict())"])]
-        self.after("state_dict_round_trip", example, Prediction(), outcome, lines)
+        self.after(check, Prediction(), outcome, lines)
 
     @rule()
     def deepcopy(self) -> None:
-        example = StepExample(self.module, step="deepcopy")
+        check = self.begin("deepcopy")
         outcome = attempt(lambda: copy.deepcopy(self.module))
         if outcome.error is None:  # torch refuses to deep-copy non-leaf tensors: no step then
             self.module = outcome.result
             self.model.deepcopied()
         lines = ["try:", "    module = copy.deepcopy(module)", "except RuntimeError as e:",
                  "    print('deepcopy refused:', e)"]
-        self.after("deepcopy", example, Prediction(), Outcome(), lines)
+        self.after(check, Prediction(), Outcome(), lines)
 
     # ---- after each step -------------------------------------------------------------
 
-    def after(self, step: str, example: StepExample, prediction: Prediction, outcome: Outcome,
-              lines: list[str], *, output: bool = False) -> StepCheck:
-        """Check the property's invariant after ``step``; resync on a declared deviation."""
+    def begin(self, step: str, **example: Any) -> StepCheck:
+        """The check of a step about to run: its declarations are matched now, on the module
+        before the step (a predicate describes the input, never the outcome)."""
+        return StepCheck(self.property_id, self.target,
+                         StepExample(self.module, step=step, **example))
+
+    def after(self, check: StepCheck, prediction: Prediction, outcome: Outcome,
+              lines: list[str], *, output: bool = False) -> None:
+        """Check the property's invariant after the step; resync where a declaration applies."""
+        step = check.example.step
         event(f"rule: {step}")
         self.steps.append(["before = named(module)", *lines])
-        check = StepCheck(self.property_id, self.target, example)
         self.check_outcome(check, prediction, outcome)
         if self.property_id == STATE:
             check_state(check, self.model, self.module, step)
@@ -375,7 +383,6 @@ class SequenceMachine(RuleBasedStateMachine):
             self.opt = None
         if self.property_id == FORWARD:
             self.forward_check()
-        return check
 
     def check_outcome(self, check: StepCheck, prediction: Prediction, outcome: Outcome) -> None:
         """Clauses ``raised`` / ``no-error``: the step raised exactly where the model did."""
@@ -392,12 +399,11 @@ class SequenceMachine(RuleBasedStateMachine):
 
     def forward_check(self) -> None:
         """SEQ-FORWARD: the module's forward equals a fresh build's with the model's values."""
-        example = StepExample(self.module, step="forward")
+        check = self.begin("forward")
         prediction = self.model.forward(self.x)
         outcome = attempt(lambda: no_grad_forward(self.module, self.x))
         want = (f"same(forward(module, x), {repro.tensor_code(prediction.result)})"
                 if prediction.error is None else "False  # the model's forward raised")
-        check = StepCheck(FORWARD, self.target, example)
         check.that(agrees(outcome, prediction), "stale-forward",
                    f"forward {_shown(outcome)}, but a fresh build holding the model's values "
                    f"{_shown(prediction)}", code=want)
