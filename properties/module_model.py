@@ -89,6 +89,10 @@ class ModuleModel:
     slots: dict[str, int]  # name -> index into tensors
     hooks: list[HookState] = field(default_factory=list)
     optimizer: list[int | None] | None = None  # per entry: the tensor it must be, None: stale
+    # A parameter was swapped while a grad's graph held autograd nodes of the module: torch
+    # refuses a backward through them ("AccumulateGrad node that was poisoned by swap_tensors")
+    # until the grads are cleared. No backward runs then (a misuse torch documents).
+    poisoned: bool = False
 
     # ---- reading a module (the build, and resyncing after a declared deviation) ----
 
@@ -182,17 +186,19 @@ class ModuleModel:
                          if t.parameter and t.grad is not None}
         except Exception as e:
             return Prediction(error=type(e))
+        graphs = any(t.grad_graph for t in self.tensors)
         for i, state in enumerate(self.tensors):
             applied = results[i]
             path = (expected_path(state.value, applied, overwrite, swap) if state.parameter
                     else "rebind")
-            may_refuse |= path == "swap" and state.grad_graph
+            may_refuse |= path == "swap" and graphs
             keeps = path in ("set_data", "swap")
             new.append(dataclasses.replace(
                 state, value=_copy(applied), values_known=state.values_known and preserves_values,
                 obj=state.obj if keeps else None,
                 grad=_copy(grads[i]) if i in grads else None))
         self.tensors = new
+        self.poisoned |= may_refuse
         if self.optimizer is not None:  # an entry whose tensor got a new object is stale
             self.optimizer = [i if i is not None and new[i].obj is not None else None
                               for i in self.optimizer]
@@ -258,6 +264,7 @@ class ModuleModel:
 
     def zero_grad(self, set_to_none: bool) -> None:
         """``module.zero_grad(set_to_none)``: grads become None, or zeros without a graph."""
+        self.poisoned = False
         for state in self.tensors:
             if state.grad is not None:
                 state.grad = None if set_to_none else torch.zeros_like(state.grad)
@@ -301,6 +308,7 @@ class ModuleModel:
         """``copy.deepcopy(module)``: same values in new objects, parameters without grads
         (``Parameter.__deepcopy__`` copies the data only); tensor hooks and the optimizer stay
         with the old objects."""
+        self.poisoned = False
         for state in self.tensors:
             state.obj = None
             state.grad, state.grad_graph = None, False
