@@ -73,7 +73,11 @@ STATE, FORWARD, HOOKS, OPTIMIZER = "SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ
 SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch.float64)",
                         "cpu()", "share_memory()", "to(memory_format=torch.channels_last)",
                         "add(1)", "to('meta')", "to_empty(device='cpu')")
-conversions = st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVERSIONS])
+# A life uses a few conversions again and again (to the device and back, half() for inference,
+# float() to train again): each sequence draws a palette of up to PALETTE of them at its build.
+PALETTE = 3
+palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVERSIONS]),
+                    min_size=1, max_size=PALETTE, unique_by=lambda c: c.name)
 trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())
 
 # The one-shot properties whose declarations a step of each kind is judged against.
@@ -86,8 +90,8 @@ HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost")
 
 # Budget: steps per sequence, and the share of the profile's max_examples a sequence property
 # runs (a sequence costs about as much as STEPS one-shot examples).
-STEPS = 8
-EXAMPLES_DIVISOR = 4
+STEPS = 10
+EXAMPLES_DIVISOR = 2
 
 
 @dataclass
@@ -215,6 +219,7 @@ class SequenceMachine(RuleBasedStateMachine):
         self.module: nn.Module | None = None
         self.model: ModuleModel | None = None
         self.x: Tensor | None = None
+        self.palette: list[Any] = []
         self.opt: torch.optim.Optimizer | None = None
         self.fired: Counter[str] = Counter()
         self.build_lines: list[str] = []
@@ -224,9 +229,9 @@ class SequenceMachine(RuleBasedStateMachine):
 
     # ---- build -----------------------------------------------------------------------
 
-    @initialize(module=trees, inputs=forward_inputs())
-    def build(self, module: nn.Module, inputs: tuple[Tensor]) -> None:
-        self.module, (self.x,) = module, inputs
+    @initialize(module=trees, inputs=forward_inputs(), palette=palettes)
+    def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any]) -> None:
+        self.module, (self.x,), self.palette = module, inputs, palette
         spec = tree_info(module).spec
         self.model = ModuleModel.observe(module, spec)
         self.build_lines = [*tree_info(module).source("module").splitlines(),
@@ -235,9 +240,10 @@ class SequenceMachine(RuleBasedStateMachine):
 
     # ---- the rules -------------------------------------------------------------------
 
-    @rule(conversion=conversions, flags=flag_settings())
+    @rule(data=st.data(), flags=flag_settings())
     @while_judged
-    def convert(self, conversion: Any, flags: Any) -> None:
+    def convert(self, data: st.DataObject, flags: Any) -> None:
+        conversion = data.draw(st.sampled_from(self.palette), label="conversion")
         check = self.begin("convert", conversion=conversion, flags=flags)
         before = self.model.snapshot()
         prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
@@ -296,9 +302,39 @@ class SequenceMachine(RuleBasedStateMachine):
                                                               assign=assign, swap=swap))
         self.after(check, Prediction(), outcome, lines)
 
-    @precondition(lambda self: self.model is not None and not self.model.poisoned)
-    @rule(create_graph=st.booleans())
+    @rule(data=st.data())
     @while_judged
+    def train(self, data: st.DataObject) -> None:
+        """One training step, drawn among those that can run now: ``backward`` (plain or
+        ``create_graph``), ``zero_grad`` (``set_to_none`` either way), registering counting
+        hooks, building the optimizer (SGD) or stepping it."""
+        kinds = ["zero-grad"]
+        if not self.model.poisoned:
+            kinds.insert(0, "backward")
+        if _trainable(self.model):
+            kinds += ["register-hooks", "optimizer-step" if self.opt is not None
+                      else "build-optimizer"]
+        kind = data.draw(st.sampled_from(kinds), label="training step")
+        if kind == "backward":
+            self.backward(data.draw(st.booleans(), label="create_graph"))
+        elif kind == "zero-grad":
+            self.zero_grad(data.draw(st.booleans(), label="set_to_none"))
+        elif kind == "register-hooks":
+            self.register_hooks(data)
+        elif kind == "build-optimizer":
+            self.build_optimizer()
+        else:
+            self.optimizer_step()
+
+    @rule(deep=st.booleans())
+    @while_judged
+    def checkpoint(self, deep: bool) -> None:
+        """``state_dict()`` then torch's own ``load_state_dict`` of it, or ``copy.deepcopy``."""
+        if deep:
+            self.deepcopy()
+        else:
+            self.state_dict_round_trip()
+
     def backward(self, create_graph: bool) -> None:
         check = self.begin("backward")
         kind = "create-graph" if create_graph else "plain"
@@ -310,9 +346,6 @@ class SequenceMachine(RuleBasedStateMachine):
             f"        out.float().sum().backward(create_graph={create_graph})"])]
         self.after(check, Prediction(error=prediction.error), outcome, lines)
 
-    @precondition(lambda self: self.opt is None and _trainable(self.model))
-    @rule()
-    @while_judged
     def build_optimizer(self) -> None:
         indices = _trainable(self.model)
         named = named_tensors(self.module)
@@ -327,9 +360,6 @@ class SequenceMachine(RuleBasedStateMachine):
                  "foreach=False)"]
         self.after(check, Prediction(), outcome, lines)
 
-    @precondition(lambda self: self.opt is not None)
-    @rule()
-    @while_judged
     def optimizer_step(self) -> None:
         check = self.begin("optimizer_step")
         prediction = self.model.optimizer_step()
@@ -337,8 +367,6 @@ class SequenceMachine(RuleBasedStateMachine):
         lines = ["error = None", *repro.guarded(["opt.step()"])]
         self.after(check, prediction, outcome, lines)
 
-    @rule(set_to_none=st.booleans())
-    @while_judged
     def zero_grad(self, set_to_none: bool) -> None:
         check = self.begin("zero_grad")
         self.model.zero_grad(set_to_none)
@@ -346,9 +374,6 @@ class SequenceMachine(RuleBasedStateMachine):
         self.after(check, Prediction(), outcome,
                    [f"module.zero_grad(set_to_none={set_to_none})"])
 
-    @precondition(lambda self: _trainable(self.model))
-    @rule(data=st.data())
-    @while_judged
     def register_hooks(self, data: st.DataObject) -> None:
         candidates = _trainable(self.model)
         index = data.draw(st.sampled_from(candidates), label="parameter")
@@ -362,16 +387,12 @@ class SequenceMachine(RuleBasedStateMachine):
                  f"lambda p: fired.update([{key + ':post-accumulate'!r}]))"]
         self.after(check, Prediction(), outcome, lines)
 
-    @rule()
-    @while_judged
     def state_dict_round_trip(self) -> None:
         check = self.begin("state_dict_round_trip")
         outcome = attempt(lambda: self.module.load_state_dict(self.module.state_dict()))
         lines = ["error = None", *repro.guarded(["module.load_state_dict(module.state_dict())"])]
         self.after(check, Prediction(), outcome, lines)
 
-    @rule()
-    @while_judged
     def deepcopy(self) -> None:
         check = self.begin("deepcopy")
         outcome = attempt(lambda: copy.deepcopy(self.module))

@@ -11,7 +11,6 @@ a fresh tree once (or with different conversions), so none can see it.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,8 @@ CAUGHT_BY = frozenset({"SEQ-STATE"})
 ONE_SHOT_PATHS = ("properties/test_apply.py", "properties/test_apply_training.py",
                   "properties/test_together.py")
 
-_MEMO: dict[tuple[Any, ...], tuple[weakref.ref, Tensor]] = {}
+# key -> (the tensor, fn's result); strong references: a weak one would make swap_tensors refuse
+_MEMO: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
 
 
 def _key(t: Tensor, fn: Callable) -> tuple[Any, ...]:
@@ -41,10 +41,10 @@ def apply(module: nn.Module, fn: Callable[[Tensor], Tensor], *, overwrite: bool,
     def memoized(t: Tensor) -> Tensor:
         key = _key(t, fn)
         hit = _MEMO.get(key)
-        if hit is not None and hit[0]() is t:
+        if hit is not None and hit[0] is t:
             return hit[1]
         result = fn(t)
-        _MEMO[key] = (weakref.ref(t), result)
+        _MEMO[key] = (t, result)
         return result
 
     return reference.apply(module, memoized, overwrite=overwrite, swap=swap, recurse=recurse)
