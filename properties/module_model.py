@@ -93,6 +93,7 @@ class ModuleModel:
     # refuses a backward through them ("AccumulateGrad node that was poisoned by swap_tensors")
     # until the grads are cleared. No backward runs then (a misuse torch documents).
     poisoned: bool = False
+    graph_backward: bool = False  # a backward(create_graph=True) ran since the grads were cleared
 
     # ---- reading a module (the build, and resyncing after a declared deviation) ----
 
@@ -186,7 +187,7 @@ class ModuleModel:
                          if t.parameter and t.grad is not None}
         except Exception as e:
             return Prediction(error=type(e))
-        graphs = any(t.grad_graph for t in self.tensors)
+        graphs = self.graph_backward or any(t.grad_graph for t in self.tensors)
         for i, state in enumerate(self.tensors):
             applied = results[i]
             path = (expected_path(state.value, applied, overwrite, swap) if state.parameter
@@ -218,6 +219,7 @@ class ModuleModel:
             if hook.live and hook.index is not None:
                 _count(objects[hook.index], hook.kind, fired, n)
         outcome = _run(copy, x, backward)
+        self.graph_backward |= backward == "create-graph"
         after = named_tensors(copy)
         states: list[TensorState] = []
         remap: dict[int, int] = {}
@@ -264,7 +266,7 @@ class ModuleModel:
 
     def zero_grad(self, set_to_none: bool) -> None:
         """``module.zero_grad(set_to_none)``: grads become None, or zeros without a graph."""
-        self.poisoned = False
+        self.poisoned = self.graph_backward = False
         for state in self.tensors:
             if state.grad is not None:
                 state.grad = None if set_to_none else torch.zeros_like(state.grad)
@@ -308,7 +310,7 @@ class ModuleModel:
         """``copy.deepcopy(module)``: same values in new objects, parameters without grads
         (``Parameter.__deepcopy__`` copies the data only); tensor hooks and the optimizer stay
         with the old objects."""
-        self.poisoned = False
+        self.poisoned = self.graph_backward = False
         for state in self.tensors:
             state.obj = None
             state.grad, state.grad_graph = None, False

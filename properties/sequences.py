@@ -75,7 +75,7 @@ SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch
                         "add(1)", "to('meta')", "to_empty(device='cpu')")
 # A life uses a few conversions again and again (to the device and back, half() for inference,
 # float() to train again): each sequence draws a palette of up to PALETTE of them at its build.
-PALETTE = 3
+PALETTE = 2
 palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVERSIONS]),
                     min_size=1, max_size=PALETTE, unique_by=lambda c: c.name)
 trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())
@@ -252,6 +252,7 @@ class SequenceMachine(RuleBasedStateMachine):
                                                     overwrite=flags.overwrite, swap=flags.swap))
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
+            self.model.poisoned = True  # a rolled-back swap poisons autograd nodes too
         lines = repro.apply_lines(self.target, conversion.source("fn"), flags.overwrite,
                                   flags.swap)
         self.after(check, prediction, outcome, lines)
@@ -650,7 +651,20 @@ def sequence_property(property_id: str) -> Callable:
 
 
 def run_sequences(target: Any, property_id: str,
-                  machine: type[SequenceMachine] = SequenceMachine) -> None:
-    """Run ``machine`` on ``target``, asserting ``property_id``'s invariant after every step."""
+                  machine: type[SequenceMachine] = SequenceMachine,
+                  settings_: settings | None = None) -> None:
+    """Run ``machine`` on ``target``, asserting ``property_id``'s invariant after every step
+    (``settings_``: instead of ``sequence_settings()``)."""
     run_state_machine_as_test(machine.for_target(target, property_id),
-                              settings=sequence_settings())
+                              settings=settings_ or sequence_settings())
+
+
+def repro_of(error: BaseException) -> str:
+    """The standalone script in a failing sequence's ``ConformanceError``."""
+    marker = "Standalone repro (save it as a file and run it with python):\n\n"
+    return str(error).split(marker, 1)[1]
+
+
+def steps_in(script: str) -> int:
+    """How many steps after the build a repro script runs."""
+    return script.count("\n# step ") - 1

@@ -585,6 +585,14 @@ def swap_refused_by_graph_grads(example: Example) -> bool:
     return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, params))
 
 
+def swaps_a_grad(example: Example) -> bool:
+    """A conversion step of a sequence where a parameter with a grad takes the swap path."""
+    if getattr(example, "step", "") != "convert":
+        return False
+    params = [p for p in _params(example) if p.grad is not None]
+    return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, params))
+
+
 def has_alias_groups(example: Example) -> bool:
     return bool(alias_groups(example.module))
 
@@ -639,6 +647,13 @@ PARAMETRIZED_NAME = (
 SEQUENCE_IDS = ("SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER")
 
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        SEQUENCE_IDS, swaps_a_grad, "raised", always=False, reason=
+        "Found by sequences only, and only sometimes (seen in CI runs of all targets under "
+        "pytest -n 2, not when the property runs alone): on the swap path torch refuses to swap "
+        "a parameter's grad ('_apply(): Couldn't swap GenericLeaf.p0.grad'): swap_tensors saw "
+        "another reference to the grad's TensorImpl left by an earlier step. No minimal repro "
+        "yet; torch 2.13. Repro: a sequence repro printed by SEQ-HOOKS on torch-stateless."),
     Deviation(
         SEQUENCE_IDS, swap_refused_by_graph_grads,
         ("value", "grad-value", "grad-lost", "object-changed", "class", "attributes"),

@@ -22,7 +22,7 @@ from tests.zoo import ZooTarget
 from tests.zoo import ref_fc as ref
 
 ORIGIN = "swapspec sequences: functional_call restores the slots recorded at its first call"
-CAUGHT_BY = frozenset({"SEQ-STATE"})
+CAUGHT_BY = frozenset({"SEQ-STATE", "SEQ-FORWARD"})
 ONE_SHOT_PATHS = ("properties/test_functional_call.py", "properties/test_together.py")
 
 # id(module) -> (the module, {(id(owner), key): what the slot held at the first call})
