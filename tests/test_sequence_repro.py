@@ -1,7 +1,7 @@
 """A failing sequence's repro is standalone: in a fresh interpreter it fails on the target
 and passes once the target is swapped for the reference.
 
-The sequence comes from a sequence zoo target (``tests/zoo/restore_first_seen.py``), run
+The sequence comes from a sequence zoo target (``tests/zoo/grads_lost_after_training.py``), run
 in-process with fixed settings (derandomized, no database).
 """
 
@@ -15,13 +15,13 @@ import pytest
 from hypothesis import settings
 
 from swapspec.properties.deviations import ConformanceError
-from swapspec.properties.sequences import STATE, repro_of, run_sequences, steps_in
+from swapspec.properties.sequences import STATE, STEPS, repro_of, run_sequences, steps_in
 from swapspec.properties.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = "tests.zoo.restore_first_seen:target"
-FIXED = settings(max_examples=40, derandomize=True, database=None, deadline=None,
-                 stateful_step_count=10)
+ZOO = "tests.zoo.grads_lost_after_training:target"
+FIXED = settings(max_examples=100, derandomize=True, database=None, deadline=None,
+                 stateful_step_count=STEPS)
 
 
 def _run(script: str, path: Path) -> subprocess.CompletedProcess:
