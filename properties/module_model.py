@@ -256,11 +256,12 @@ class ModuleModel:
     def _load_given(self, copy: nn.Module, given: dict[str, Tensor], tie_weights: bool) -> set[int]:
         """Put the call's tensors in the copy's slots for good; return the indices they fill."""
         filled: set[int] = set()
+        copies = {id(v): _copy(v) for v in given.values()}  # one copy per given object
         for name, value in given.items():
             index = self.slots[name]
             names = self.tensors[index].names if tie_weights else (name,)
             for n in names:
-                _set_slot(copy, n, _copy(value))
+                _set_slot(copy, n, copies[id(value)])
             filled.add(index)
         return filled
 
