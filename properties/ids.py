@@ -23,8 +23,10 @@ XLA = (
     "XLA-DTYPE-PATH", "XLA-FUNCTIONAL-CALL", "XLA-MOVE-ALL-FLAGS", "XLA-ROUND-TRIP",
     "XLA-SET-DATA-REFUSED", "XLA-STATE",
 )
+SEQUENCES = ("SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER", "SEQ-STATE")
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
+    "sequences": SEQUENCES,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 

@@ -1,0 +1,393 @@
+"""A model of a module's life, as plain data: what each operation must do, by the reference's spec.
+
+The model never calls a target. It starts from a freshly built tree (read once, before any
+target runs) and predicts each operation on its own copies of the values:
+
+- **names -> slots**: every parameter and buffer name maps to one :class:`TensorState`; names that
+  hold one tensor object (ties, shared submodules) map to the same one;
+- **per tensor**: class, instance attributes, ``requires_grad``, dtype/device/shape and values
+  (a copy the model owns; ``values_known=False`` after ``to_empty``, whose values the spec leaves
+  open), and ``obj``: the object every name must still hold, where the path promises identity
+  (set_data and swap keep the parameter object; the overwrite path and buffers get a new object,
+  ``obj=None``, which the model adopts once it has been checked);
+- **grads**: values (dense or sparse) and whether they carry an autograd graph;
+- **hooks**: each counting tensor hook and how often it must have fired;
+- **optimizer**: which tensor each entry of the optimizer's parameter list must still be.
+
+Values the spec computes with torch (a conversion ``fn``, a forward, a backward, an optimizer
+step) are computed here on copies: ``fresh()`` builds the tree again from its spec and loads the
+model's values and grads into it, so a forward on it is the spec's forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from swapspec.properties.common import expected_path
+from swapspec.properties.examples import named_tensors
+from swapspec.strategies.trees import TreeSpec, build_tree
+
+LR = 0.1  # the SGD learning rate of every optimizer the sequences build
+HOOK_KINDS = ("hook", "post-accumulate")
+
+
+@dataclass
+class TensorState:
+    """One tensor object of the module, as the spec says it must be."""
+
+    names: tuple[str, ...]
+    parameter: bool
+    cls: type
+    attributes: dict[str, Any] | None  # None: whatever the module holds (read at adopt)
+    requires_grad: bool
+    value: Tensor  # the model's own copy
+    values_known: bool = True
+    obj: Tensor | None = None  # the object every name must hold; None: a new one is allowed
+    grad: Tensor | None = None
+    grad_graph: bool = False  # the grad carries an autograd graph (backward(create_graph=True))
+
+
+@dataclass
+class HookState:
+    """A counting hook on a parameter: ``kind`` is ``hook`` or ``post-accumulate``."""
+
+    index: int  # the TensorState it was registered on
+    key: str
+    kind: str
+    fired: int = 0
+    live: bool = True  # False once the module no longer holds the tensor it is on (deepcopy)
+    checked: bool = True  # False where a declared deviation may have lost it
+
+
+@dataclass
+class Prediction:
+    """What an operation must return: a value (compared by ``same_output``) or an error type.
+
+    ``may_refuse``: the spec also allows a ``RuntimeError`` that leaves the module as it was
+    (a swap refused by a grad's autograd graph, reference rule 12).
+    """
+
+    result: Any = None
+    error: type[BaseException] | None = None
+    may_refuse: bool = False
+
+
+@dataclass
+class ModuleModel:
+    """The predicted state of one module (see the module docstring)."""
+
+    spec: TreeSpec
+    tensors: list[TensorState]
+    slots: dict[str, int]  # name -> index into tensors
+    hooks: list[HookState] = field(default_factory=list)
+    optimizer: list[int | None] | None = None  # per entry: the tensor it must be, None: stale
+    # A parameter was swapped while a grad's graph held autograd nodes of the module: torch
+    # refuses a backward through them ("AccumulateGrad node that was poisoned by swap_tensors")
+    # until the grads are cleared. No backward runs then (a misuse torch documents).
+    poisoned: bool = False
+    graph_backward: bool = False  # a backward(create_graph=True) ran since the grads were cleared
+
+    # ---- reading a module (the build, and resyncing after a declared deviation) ----
+
+    @classmethod
+    def observe(cls, module: nn.Module, spec: TreeSpec) -> ModuleModel:
+        """The model of a module as it is now (a fresh build, before any target runs)."""
+        tensors: list[TensorState] = []
+        slots: dict[str, int] = {}
+        parameter_ids = {id(p) for p in module.parameters()}
+        by_id: dict[int, int] = {}
+        for name, t in named_tensors(module).items():
+            if id(t) not in by_id:
+                by_id[id(t)] = len(tensors)
+                tensors.append(_state_of(t, id(t) in parameter_ids))
+            slots[name] = by_id[id(t)]
+            tensors[by_id[id(t)]].names += (name,)
+        return cls(spec, tensors, slots)
+
+    def resync(self, module: nn.Module) -> None:
+        """Take the module's state as the model's (after a declared deviation), keeping hook
+        counts and the optimizer entries that still point at a tensor the module holds."""
+        old_objects = {i: t.obj for i, t in enumerate(self.tensors)}
+        fresh = ModuleModel.observe(module, self.spec)
+        index_of = {id(t.obj): i for i, t in enumerate(fresh.tensors)}
+        remap = {i: index_of.get(id(o)) for i, o in old_objects.items() if o is not None}
+        for hook in self.hooks:
+            hook.index = remap.get(hook.index)
+            hook.live = hook.live and hook.index is not None
+        if self.optimizer is not None:
+            self.optimizer = [remap.get(i) if i is not None else None for i in self.optimizer]
+        self.tensors, self.slots = fresh.tensors, fresh.slots
+
+    def adopt(self, module: nn.Module) -> None:
+        """After a check: take the module's new objects where a new one was allowed, its values
+        where the spec leaves them open (``to_empty``) and its parameters' attributes where
+        torch's own step decides them (``deepcopy``)."""
+        named = named_tensors(module)
+        for state in self.tensors:
+            now = named.get(state.names[0])
+            if now is None:
+                continue
+            if state.obj is None:
+                state.obj = now
+            if state.attributes is None:
+                state.attributes = dict(now.__dict__) if state.parameter else {}
+            if not state.values_known:
+                state.value = _copy(now)
+                state.grad = None if not state.parameter or now.grad is None else _copy(now.grad)
+                state.values_known = True
+
+    def snapshot(self) -> ModuleModel:
+        """A copy to go back to (tensor values are never changed in place)."""
+        return dataclasses.replace(
+            self, tensors=[dataclasses.replace(t) for t in self.tensors], slots=dict(self.slots),
+            hooks=[dataclasses.replace(h) for h in self.hooks],
+            optimizer=None if self.optimizer is None else list(self.optimizer))
+
+    # ---- the spec's copies -----------------------------------------------------------
+
+    def fresh(self) -> tuple[nn.Module, dict[int, Tensor]]:
+        """A fresh build of the tree holding copies of the model's values and grads (one copy
+        per tensor, so ties stay ties), and ``{index: the copy's tensor}``."""
+        copy = build_tree(self.spec)
+        objects: dict[int, Tensor] = {}
+        for i, state in enumerate(self.tensors):
+            value = _copy(state.value)
+            if state.parameter:
+                value = nn.Parameter(value, requires_grad=state.requires_grad)
+                value.grad = None if state.grad is None else _copy(state.grad)
+            objects[i] = value
+            for name in state.names:
+                _set_slot(copy, name, value)
+        return copy, objects
+
+    # ---- operations ------------------------------------------------------------------
+
+    def convert(self, make_fn: Callable[[], Callable], overwrite: bool, swap: bool,
+                preserves_values: bool = True) -> Prediction:
+        """``apply(module, fn, overwrite=..., swap=...)`` (reference rules 3-8, 11, 12).
+
+        Predicts an error (and no change) where ``fn`` raises on the copies. Without
+        ``preserves_values`` (``to_empty``) the values and grads are left open."""
+        fn = make_fn()
+        new: list[TensorState] = []
+        may_refuse = False
+        try:
+            with torch.no_grad():
+                inputs = {i: _copy(t.value) for i, t in enumerate(self.tensors)}
+                results = {i: fn(v) for i, v in inputs.items()}
+                grads = {i: fn(_copy(t.grad)) for i, t in enumerate(self.tensors)
+                         if t.parameter and t.grad is not None}
+        except Exception as e:
+            return Prediction(error=type(e))
+        graphs = self.graph_backward or any(t.grad_graph for t in self.tensors)
+        for i, state in enumerate(self.tensors):
+            applied = results[i]
+            path = (expected_path(state.value, applied, overwrite, swap) if state.parameter
+                    else "rebind")
+            may_refuse |= path == "swap" and graphs
+            keeps = path in ("set_data", "swap")
+            new.append(dataclasses.replace(
+                state, value=_copy(applied), values_known=state.values_known and preserves_values,
+                obj=state.obj if keeps else None,
+                grad=_copy(grads[i]) if i in grads else None))
+        self.tensors = new
+        self.poisoned |= may_refuse
+        if self.optimizer is not None:  # an entry whose tensor got a new object is stale
+            self.optimizer = [i if i is not None and new[i].obj is not None else None
+                              for i in self.optimizer]
+        return Prediction(result=None, may_refuse=may_refuse)
+
+    def forward(self, x: Tensor, *, backward: str = "", given: dict[str, Tensor] | None = None,
+                tie_weights: bool = True) -> Prediction:
+        """A forward on ``x`` (with ``backward`` ``plain`` or ``create-graph``: then
+        ``out.float().sum().backward()``), optionally as a ``functional_call`` with ``given``
+        tensors. The model takes the copy's effects: buffers forward updated or rebound, grads,
+        hook firings; the tensors given to a call keep their values and objects."""
+        copy, objects = self.fresh()
+        given_indices = self._load_given(copy, given or {}, tie_weights)
+        before = {name: t for name, t in named_tensors(copy).items()}
+        fired: Counter[int] = Counter()
+        for n, hook in enumerate(self.hooks):
+            if hook.live and hook.index is not None:
+                _count(objects[hook.index], hook.kind, fired, n)
+        outcome = _run(copy, x, backward)
+        self.graph_backward |= backward == "create-graph"
+        after = named_tensors(copy)
+        states: list[TensorState] = []
+        remap: dict[int, int] = {}
+        for i, state in enumerate(self.tensors):
+            remap[i] = len(states)
+            if i in given_indices:
+                states.append(state)
+                continue
+            groups: dict[int, list[str]] = {}
+            for name in state.names:  # forward may rebind some names of a tie (and split it)
+                groups.setdefault(id(after[name]), []).append(name)
+            for names in groups.values():
+                now = after[names[0]]
+                grad = now.grad if state.parameter else None
+                states.append(dataclasses.replace(
+                    state, names=tuple(names), value=_copy(now),
+                    obj=state.obj if now is before[names[0]] else None,
+                    grad=None if grad is None else _copy(grad),
+                    grad_graph=state.grad_graph or (grad is not None and grad.grad_fn is not None)))
+        self._renumber(states, remap)
+        for n, hook in enumerate(self.hooks):
+            hook.fired += fired[n]
+        return outcome
+
+    def _renumber(self, states: list[TensorState], remap: dict[int, int]) -> None:
+        """Take ``states`` as the tensors; ``remap`` maps old indices to new ones."""
+        self.tensors = states
+        self.slots = {name: i for i, state in enumerate(states) for name in state.names}
+        for hook in self.hooks:
+            hook.index = None if hook.index is None else remap[hook.index]
+        if self.optimizer is not None:
+            self.optimizer = [None if i is None else remap[i] for i in self.optimizer]
+
+    def _load_given(self, copy: nn.Module, given: dict[str, Tensor], tie_weights: bool) -> set[int]:
+        """Put the call's tensors in the copy's slots for good; return the indices they fill."""
+        filled: set[int] = set()
+        copies = {id(v): _copy(v) for v in given.values()}  # one copy per given object
+        for name, value in given.items():
+            index = self.slots[name]
+            names = self.tensors[index].names if tie_weights else (name,)
+            for n in names:
+                _set_slot(copy, n, copies[id(value)])
+            filled.add(index)
+        return filled
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """``module.zero_grad(set_to_none)``: grads become None, or zeros without a graph."""
+        self.poisoned = self.graph_backward = False
+        for state in self.tensors:
+            if state.grad is not None:
+                state.grad = None if set_to_none else torch.zeros_like(state.grad)
+            state.grad_graph = False
+
+    def build_optimizer(self, indices: list[int]) -> None:
+        """An optimizer over these tensors, in this order."""
+        self.optimizer = list(indices)
+
+    def optimizer_step(self) -> Prediction:
+        """``SGD(lr=LR, foreach=False).step()``: ``p.add_(grad, alpha=-LR)`` for every entry
+        that has a grad (the model holds no stale entry: see ``drop_stale_optimizer``). An error
+        of that update on the copies is the prediction (nothing changes)."""
+        updated: dict[int, Tensor] = {}
+        try:
+            with torch.no_grad():
+                for i in self.optimizer or ():
+                    state = self.tensors[i]
+                    if state.grad is not None:
+                        updated[i] = _copy(state.value).add_(state.grad, alpha=-LR)
+        except Exception as e:
+            return Prediction(error=type(e))
+        for i, value in updated.items():
+            self.tensors[i].value = value
+        return Prediction()
+
+    def drop_stale_optimizer(self) -> bool:
+        """Forget an optimizer with a stale entry (its tensor got a new object); return whether
+        one was dropped. What a stale optimizer's step does is not the spec's business (it can
+        share storage with the new object): the user builds a new one, and so does a later step."""
+        if self.optimizer is None or all(i is not None for i in self.optimizer):
+            return False
+        self.optimizer = None
+        return True
+
+    def add_hooks(self, index: int, key: str) -> None:
+        for kind in HOOK_KINDS:
+            self.hooks.append(HookState(index, f"{key}:{kind}", kind))
+
+    def deepcopied(self) -> None:
+        """``copy.deepcopy(module)``: same values in new objects, parameters without grads
+        (``Parameter.__deepcopy__`` copies the data only); tensor hooks and the optimizer stay
+        with the old objects."""
+        self.poisoned = self.graph_backward = False
+        for state in self.tensors:
+            state.obj = None
+            state.grad, state.grad_graph = None, False
+            state.attributes = None  # Parameter.__deepcopy__ drops them too: read at adopt
+        for hook in self.hooks:
+            hook.live = False
+        if self.optimizer is not None:
+            self.optimizer = [None] * len(self.optimizer)
+
+    def loaded(self, values: dict[str, Tensor], assign: bool) -> None:
+        """``load_state_dict(values, assign=...)`` with values of each tensor's own dtype and
+        shape: the values change; with ``assign`` the objects may change (and the hooks on them
+        are no longer the model's business)."""
+        for name, value in values.items():
+            state = self.tensors[self.slots[name]]
+            state.value = _copy(value)
+            if assign:
+                state.obj = None
+                for hook in self.hooks:
+                    hook.checked = hook.checked and hook.index != self.slots[name]
+        if assign and self.optimizer is not None:
+            loaded = {self.slots[n] for n in values}
+            self.optimizer = [None if i in loaded else i for i in self.optimizer]
+
+    def stop_checking_hooks(self, indices: Iterable[int]) -> None:
+        """Hooks on these tensors may have been lost by a declared deviation."""
+        wanted = set(indices)
+        for hook in self.hooks:
+            hook.checked = hook.checked and hook.index not in wanted
+
+
+def _state_of(t: Tensor, parameter: bool) -> TensorState:
+    grad = t.grad if parameter else None
+    return TensorState(
+        names=(), parameter=parameter, cls=type(t), attributes=dict(t.__dict__) if parameter else {},
+        requires_grad=t.requires_grad, value=_copy(t), obj=t,
+        grad=None if grad is None else _copy(grad),
+        grad_graph=grad is not None and grad.grad_fn is not None)
+
+
+def _copy(t: Tensor) -> Tensor:
+    """A detached copy the model owns (meta tensors stay meta)."""
+    return t.detach().clone()
+
+
+def _set_slot(module: nn.Module, name: str, value: Tensor) -> None:
+    """Put ``value`` in slot ``name`` of ``module``: a Parameter through ``setattr`` (modules
+    deriving state from their parameters see it), anything else straight into the table, as
+    ``functional_call`` puts a given tensor."""
+    prefix, _, key = name.rpartition(".")
+    owner = module.get_submodule(prefix) if prefix else module
+    if isinstance(value, nn.Parameter):
+        setattr(owner, key, value)
+    elif key in owner._parameters:
+        owner._parameters[key] = value
+    else:
+        owner._buffers[key] = value
+
+
+def _count(t: Tensor, kind: str, fired: Counter, n: int) -> None:
+    if not t.requires_grad:
+        return
+    if kind == "hook":
+        t.register_hook(lambda g: fired.update([n]))
+    else:
+        t.register_post_accumulate_grad_hook(lambda p: fired.update([n]))
+
+
+def _run(module: nn.Module, x: Tensor, backward: str) -> Prediction:
+    """Forward (and backward) on the copy, as the machine runs them on the module."""
+    try:
+        with torch.enable_grad() if backward else torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # create_graph=True warns of a cycle
+            out = module(x.clone())
+            if backward and out.requires_grad:
+                out.float().sum().backward(create_graph=backward == "create-graph")
+    except Exception as e:
+        return Prediction(error=type(e))
+    return Prediction(result=out.detach())

@@ -1,0 +1,119 @@
+"""Standalone repro scripts for failing sequences: one block of lines per step, then asserts.
+
+A sequence repro rebuilds the drawn module from its spec (so swapspec must be installed for the
+tree builder), runs every step the sequence ran, on the same target, with plain torch calls where
+the target is torch's own (``module._apply`` under the ``torch.__future__`` flags,
+``torch.func.functional_call``), and ends in one ``assert`` per broken clause: the script fails
+on the target and passes on the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+PRELUDE = [
+    "import collections",
+    "import copy",
+    "import random",
+    "import torch",
+    "",
+    "def named(m):  # every name of every parameter and buffer, aliases included",
+    "    return dict([*m.named_parameters(remove_duplicate=False),",
+    "                 *m.named_buffers(remove_duplicate=False)])",
+    "",
+    "def same(t, want):  # dtype, shape and values equal (NaNs equal); meta tensors by metadata",
+    "    if t is None or (t.dtype, t.shape, t.device) != (want.dtype, want.shape, want.device):",
+    "        return False",
+    "    if t.device.type == 'meta':",
+    "        return True",
+    "    t, want = t.detach(), want.detach()",
+    "    t, want = (t.to_dense(), want.to_dense()) if t.layout != torch.strided else (t, want)",
+    "    return torch.equal(t.isnan(), want.isnan()) and torch.equal(t.nan_to_num(), want.nan_to_num())",
+    "",
+    "def forward(m, x):  # a forward without autograd, as the sequence's forward check runs it",
+    "    with torch.no_grad():",
+    "        return m(x.clone())",
+    "",
+    "def global_state():  # what no step may change",
+    "    f = torch.__future__",
+    "    return (f.get_overwrite_module_params_on_conversion(), f.get_swap_module_params_on_conversion(),",
+    "            torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_rng_state().tolist())",
+    "",
+    "fired = collections.Counter()  # counting tensor hooks: key -> firings",
+    "start = global_state()",
+    "error = None",
+]
+
+
+def is_torch(target: Any) -> bool:
+    """Targets whose calls are written as torch's own (``torch``, ``torch-stateless``)."""
+    return target.name in ("torch", "torch-stateless")
+
+
+def target_lines(target: Any) -> list[str]:
+    """Lines that make ``target`` available to the steps (none for torch's own)."""
+    if is_torch(target):
+        return []
+    return ["from swapspec.properties.targets import load_target",
+            f"target = load_target({target.selector!r})"]
+
+
+def guarded(lines: list[str]) -> list[str]:
+    """``lines`` run so that an error is printed and kept in ``error`` (some steps may raise)."""
+    return ["try:", *(f"    {line}" for line in lines), "except Exception as e:",
+            "    error = e", "    print('step raised', type(e).__name__, e)"]
+
+
+def apply_lines(target: Any, fn_source: str, overwrite: bool, swap: bool) -> list[str]:
+    """One conversion: ``fn`` defined from its source, then the target's apply."""
+    lines = [*fn_source.splitlines()]
+    if is_torch(target):
+        call = [f"torch.__future__.set_overwrite_module_params_on_conversion({overwrite})",
+                f"torch.__future__.set_swap_module_params_on_conversion({swap})",
+                "try:", "    module._apply(fn)", "finally:",
+                "    torch.__future__.set_overwrite_module_params_on_conversion(False)",
+                "    torch.__future__.set_swap_module_params_on_conversion(False)"]
+    else:
+        call = [f"target.apply(module, fn, overwrite={overwrite}, swap={swap})"]
+    return [*lines, "error = None", *guarded(call)]
+
+
+def functional_call_lines(target: Any, tensors: dict[str, Tensor], tie_weights: bool,
+                          tuple_form: bool) -> list[str]:
+    """One functional call on ``x``; its output is kept in ``out``."""
+    given = "{" + ", ".join(f"{k!r}: {tensor_code(v)}" for k, v in tensors.items()) + "}"
+    if tuple_form:
+        given = f"({given},)"
+    fc = {"torch": "torch.func.functional_call",
+          "torch-stateless": "torch.nn.utils.stateless.functional_call"}.get(
+              target.name, "target.functional_call")
+    return ["error = None", "out = None",
+            *guarded([f"out = {fc}(module, {given}, (x.clone(),), tie_weights={tie_weights})"])]
+
+
+def tensor_code(t: Tensor) -> str:
+    """Python source for a tensor of these values and dtype (meta: its shape; sparse: dense
+    values then ``to_sparse()``)."""
+    data = t.detach()
+    if data.device.type == "meta":
+        return f"torch.empty({list(data.shape)}, dtype={data.dtype}, device='meta')"
+    sparse = data.layout != torch.strided
+    data = data.to_dense() if sparse else data
+    code = f"torch.tensor({_literal(data.cpu().tolist())}, dtype={data.dtype})"
+    return f"{code}.to_sparse()" if sparse else code
+
+
+def _literal(values: Any) -> str:
+    """``repr`` of nested lists with NaN and infinities written as valid Python."""
+    return (repr(values).replace("nan", "float('nan')").replace("inf", "float('inf')"))
+
+
+def script(target: Any, build: list[str], steps: list[list[str]], asserts: list[str]) -> str:
+    """The whole repro: prelude, target, build, every step (numbered), then the asserts."""
+    lines = [*PRELUDE, *target_lines(target), *build]
+    for n, step in enumerate(steps, 1):
+        lines += [f"# step {n}", *step]
+    return "\n".join([*lines, "# the broken rule:", *asserts])

@@ -1,0 +1,670 @@
+"""The sequence machine: a module's life, step by step, held to the model after every step.
+
+``SequenceMachine`` is a ``hypothesis.stateful.RuleBasedStateMachine``. Its first step builds a
+module from the tree strategy; each later step is one rule, drawn with its arguments:
+
+- ``convert``: ``target.apply`` with a drawn conversion and flags (``half()``, ``to_empty``,
+  ``share_memory()``, ``to('meta')``...);
+- ``functional_call``: ``target.functional_call`` with drawn tensors, ``tie_weights`` and form;
+- ``load_state_dict``: ``target.load_state_dict`` (only for targets that have one);
+- ``backward`` (``create_graph`` either way), ``build_optimizer``/``optimizer_step`` (SGD),
+  ``zero_grad`` (``set_to_none`` either way), ``register_hooks`` (counting tensor hooks),
+  ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
+
+The model (:mod:`~swapspec.properties.module_model`) predicts each step first, without calling
+the target; after the step the machine checks one invariant, chosen per property:
+
+- ``SEQ-STATE``: the module matches the model slot by slot (objects where identity is promised,
+  ties, class, attributes, ``requires_grad``, dtype/device/shape/values, grads);
+- ``SEQ-FORWARD``: a forward of the module equals the forward of a fresh build holding the
+  model's values (after every step), and a functional call returns what the model's does;
+- ``SEQ-HOOKS``: every counting hook fired as often as the model says;
+- ``SEQ-OPTIMIZER``: the optimizer holds the module's parameters wherever the path promised
+  identity.
+
+Every property also checks that the step raised only where the model raised, and that no global
+state changed (torch's and the reference's flags, default dtype, grad mode, the RNGs).
+
+Declared deviations (see :class:`StepCheck`) are matched per step: a step is judged against the
+target's declarations for the one-shot properties that cover that kind of step (an ``apply``
+step: the ``APPLY-*`` properties; a functional call: the ``FC-*`` ones and
+``TOGETHER-CONVERTED-CALL``) and for the sequence property itself, each predicate seeing that
+step's example. After a declared deviation the model takes the module's state as its own, so
+one known torch behaviour does not fail every later step.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from torch import Tensor, nn
+
+from swapspec import reference
+from swapspec.properties import ids
+from swapspec.properties import sequence_repro as repro
+from swapspec.properties.common import Outcome, attempt, conversion_named, same_metadata
+from swapspec.properties.deviations import OBSERVED, ConformanceError, Deviation, Violation
+from swapspec.properties.examples import Example, named_tensors, same_values
+from swapspec.properties.module_model import LR, ModuleModel, Prediction
+from swapspec.properties.torch_deviations import APPLY_IDS
+from swapspec.strategies import CallInput, flag_settings, forward_inputs, module_trees, tree_info
+
+STATE, FORWARD, HOOKS, OPTIMIZER = "SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER"
+
+# Conversions a module goes through in a life on CPU: casts, moves, to_empty after a meta move.
+SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch.float64)",
+                        "cpu()", "share_memory()", "to(memory_format=torch.channels_last)",
+                        "add(1)", "to('meta')", "to_empty(device='cpu')")
+# A life uses a few conversions again and again (to the device and back, half() for inference,
+# float() to train again): each sequence draws a palette of up to PALETTE of them at its build.
+PALETTE = 2
+palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVERSIONS]),
+                    min_size=1, max_size=PALETTE, unique_by=lambda c: c.name)
+trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())
+
+# The one-shot properties whose declarations a step of each kind is judged against.
+STEP_PROPERTIES: dict[str, tuple[str, ...]] = {
+    "convert": (*APPLY_IDS, "APPLY-ATOMIC", "APPLY-REFUSED-SWAP"),
+    "functional_call": (*ids.FUNCTIONAL_CALL, "TOGETHER-CONVERTED-CALL"),
+    "load_state_dict": tuple(pid for pid in ids.ALL if pid.startswith("LOAD")),
+}
+HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost")
+
+# Budget: steps per sequence, and the share of the profile's max_examples a sequence property
+# runs (a sequence costs about as much as STEPS one-shot examples).
+STEPS = 10
+EXAMPLES_DIVISOR = 2
+
+
+@dataclass
+class StepExample(Example):
+    """A step's example, as deviation predicates see it: the module before the step, the
+    step's conversion, flags or call, and ``step`` (the rule's name)."""
+
+    step: str = ""
+
+
+@dataclass
+class StepCheck:
+    """The violations of one step and the declarations that apply to it.
+
+    Rules: where an applicable declaration names a clause the step violated, the step shows
+    that declared deviation, and every other violation of the step counts as its symptom (one
+    bug, several symptoms: what torch leaves behind is that declaration's business); each
+    violated clause is counted in the report. Any other violation fails the sequence. A
+    declaration that does not show at a step is not stale: whether a behaviour shows depends
+    on the earlier steps, and the one-shot properties judge staleness. After a step where a
+    declaration applies, shown or not, the model takes the module's state as its own (a
+    deviation's effect can show only in a later step's invariant).
+    """
+
+    property_id: str
+    target: Any
+    example: StepExample
+    declared: list[Deviation] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    shown: bool = False  # a declared deviation showed here (set by ``verdict``)
+
+    def __post_init__(self) -> None:
+        wanted = {self.property_id, *STEP_PROPERTIES.get(self.example.step, ())}
+        self.declared = [d for d in self.target.deviations
+                         if wanted & set(d.property_ids) and d.holds_for_installed_torch()
+                         and _applies(d, self.example)]
+
+    def that(self, holds: bool, clause: str, message: str, code: str) -> bool:
+        if not holds:
+            self.violations.append(Violation(clause, message, code))
+        return bool(holds)
+
+    @property
+    def declared_clauses(self) -> set[str]:
+        return {c for d in self.declared for c in d.clauses}
+
+    def verdict(self, repro_script: Callable[[list[Violation]], str],
+                symptoms: list[Violation] = ()) -> bool:
+        """Raise ``ConformanceError`` for an unexplained violation; return whether the model
+        must take the module's state (a declaration applies here).
+
+        ``symptoms`` are the step's state violations, for a property that does not assert the
+        state: a declared deviation they show excuses the step too (its effect on the
+        property's own invariant is one more symptom)."""
+        violated = {v.clause for v in self.violations}
+        shown = (violated | {v.clause for v in symptoms}) & self.declared_clauses
+        unexplained = [] if shown else self.violations
+        if unexplained:
+            lines = [f"{self.property_id} on target {self.target.name!r}, at step "
+                     f"{self.example.step!r}:"]
+            lines += [f"  broken rule [{v.clause}]: {v.message}" for v in unexplained]
+            lines += ["", "Standalone repro (save it as a file and run it with python):", "",
+                      repro_script(unexplained)]
+            raise ConformanceError("\n".join(lines))
+        for clause in violated | shown:
+            OBSERVED[(self.property_id, self.target.name, clause)] += 1
+        self.shown = bool(shown)
+        return bool(self.declared)
+
+
+def _applies(deviation: Deviation, example: StepExample) -> bool:
+    """A one-shot predicate that cannot read a step's example (a deep-copied module has no
+    tree spec) does not apply there."""
+    try:
+        return bool(deviation.applies(example))
+    except Exception:
+        return False
+
+
+def global_state() -> tuple:
+    """What no step may change: the flags, default dtype, grad mode and both RNGs."""
+    future = torch.__future__
+    return (future.get_overwrite_module_params_on_conversion(),
+            future.get_swap_module_params_on_conversion(),
+            reference.get_overwrite_module_params_on_conversion(),
+            reference.get_swap_module_params_on_conversion(),
+            torch.get_default_dtype(), torch.is_grad_enabled(),
+            tuple(torch.get_rng_state().tolist()), random.getstate())
+
+
+def while_judged(step: Callable) -> Callable:
+    """A rule that does nothing once a declared deviation has shown (see ``SequenceMachine``)."""
+
+    @functools.wraps(step)
+    def run(self: SequenceMachine, *args: Any, **kwargs: Any) -> None:
+        if self.judged:
+            step(self, *args, **kwargs)
+
+    return run
+
+
+class SequenceMachine(RuleBasedStateMachine):
+    """A module's life on one target, checked against the model (see the module docstring).
+
+    ``for_target`` makes the machine for a target and a property. A host adds its own steps by
+    subclassing it and adding ``@rule`` methods: ``check = self.begin(name)`` before the step,
+    the step on ``self.module`` and its prediction on ``self.model``, then
+    ``self.after(check, prediction, outcome, repro_lines)`` (see the README), and decorating
+    it with ``while_judged``.
+
+    Once a step shows a declared deviation, the module is in a state the spec says nothing
+    about (torch left a given tensor in a slot, or half a conversion): the rest of the sequence
+    is not judged, and its rules do nothing.
+    """
+
+    target: Any = None
+    property_id: str = STATE
+
+    @classmethod
+    def for_target(cls, target: Any, property_id: str) -> type[SequenceMachine]:
+        return type(cls.__name__, (cls,), {"target": target, "property_id": property_id})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module: nn.Module | None = None
+        self.model: ModuleModel | None = None
+        self.x: Tensor | None = None
+        self.palette: list[Any] = []
+        self.opt: torch.optim.Optimizer | None = None
+        self.fired: Counter[str] = Counter()
+        self.build_lines: list[str] = []
+        self.steps: list[list[str]] = []
+        self.start = global_state()
+        self.judged = True  # False once a declared deviation has shown
+
+    # ---- build -----------------------------------------------------------------------
+
+    @initialize(module=trees, inputs=forward_inputs(), palette=palettes)
+    def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any]) -> None:
+        self.module, (self.x,), self.palette = module, inputs, palette
+        spec = tree_info(module).spec
+        self.model = ModuleModel.observe(module, spec)
+        self.build_lines = [*tree_info(module).source("module").splitlines(),
+                            f"x = {repro.tensor_code(self.x)}"]
+        self.after(self.begin("build"), Prediction(), Outcome(), [])
+
+    # ---- the rules -------------------------------------------------------------------
+
+    @rule(data=st.data(), flags=flag_settings())
+    @while_judged
+    def convert(self, data: st.DataObject, flags: Any) -> None:
+        conversion = data.draw(st.sampled_from(self.palette), label="conversion")
+        check = self.begin("convert", conversion=conversion, flags=flags)
+        before = self.model.snapshot()
+        prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
+                                        conversion.preserves_values)
+        outcome = attempt(lambda: self.target.apply(self.module, conversion.make_fn(),
+                                                    overwrite=flags.overwrite, swap=flags.swap))
+        if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
+            self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
+            self.model.poisoned = True  # a rolled-back swap poisons autograd nodes too
+        lines = repro.apply_lines(self.target, conversion.source("fn"), flags.overwrite,
+                                  flags.swap)
+        self.after(check, prediction, outcome, lines)
+        if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
+            self.model.stop_checking_hooks(range(len(self.model.tensors)))
+
+    @rule(data=st.data())
+    @while_judged
+    def functional_call(self, data: st.DataObject) -> None:
+        model = self.model
+        chosen = data.draw(st.lists(st.sampled_from(range(len(model.tensors))), unique=True,
+                                    max_size=3), label="tensors") if model.tensors else []
+        tie_weights = data.draw(st.booleans(), label="tie_weights")
+        tuple_form = "tuple-single" in self.target.call_forms and data.draw(st.booleans(),
+                                                                            label="tuple form")
+        given: dict[str, Tensor] = {}
+        for i in chosen:
+            state = model.tensors[i]
+            names = (data.draw(st.sampled_from(state.names), label="name"),) if tie_weights \
+                else state.names
+            value = given_value(state.value)
+            given.update(dict.fromkeys(names, value))
+        tensors: Any = (given,) if tuple_form else given
+        call = CallInput(tensors, (self.x,), {}, tie_weights=tie_weights,
+                         form="tuple-single" if tuple_form else "dict")
+        check = self.begin("functional_call", call=call)
+        lines = repro.functional_call_lines(self.target, given, tie_weights, tuple_form)
+        prediction = model.forward(self.x, given=given, tie_weights=tie_weights)
+        outcome = attempt(lambda: self.target.functional_call(
+            self.module, tensors, (self.x.clone(),), {}, tie_weights=tie_weights))
+        self.after(check, prediction, outcome, lines, output=True)
+
+    @precondition(lambda self: getattr(self.target, "load_state_dict", None) is not None)
+    @rule(data=st.data())
+    @while_judged
+    def load_state_dict(self, data: st.DataObject) -> None:
+        assign = data.draw(st.booleans(), label="assign")
+        swap = data.draw(st.booleans(), label="swap")
+        keys = self.module.state_dict(keep_vars=True).keys()
+        values = {i: given_value(t.value) for i, t in enumerate(self.model.tensors)}
+        state_dict = {k: values[self.model.slots[k]] for k in keys if k in self.model.slots}
+        check = self.begin("load_state_dict")
+        given = "{" + ", ".join(f"{k!r}: {repro.tensor_code(v)}" for k, v in state_dict.items()) + "}"
+        lines = ["error = None", *repro.guarded([
+            f"target.load_state_dict(module, {given}, strict=True, assign={assign}, swap={swap})"])]
+        self.model.loaded(state_dict, assign)
+        outcome = attempt(lambda: self.target.load_state_dict(self.module, state_dict, strict=True,
+                                                              assign=assign, swap=swap))
+        self.after(check, Prediction(), outcome, lines)
+
+    @rule(data=st.data())
+    @while_judged
+    def train(self, data: st.DataObject) -> None:
+        """One training step, drawn among those that can run now: ``backward`` (plain or
+        ``create_graph``), ``zero_grad`` (``set_to_none`` either way), registering counting
+        hooks, building the optimizer (SGD) or stepping it."""
+        kinds = ["zero-grad"]
+        if not self.model.poisoned:
+            kinds.insert(0, "backward")
+        if _trainable(self.model):
+            kinds += ["register-hooks", "optimizer-step" if self.opt is not None
+                      else "build-optimizer"]
+        kind = data.draw(st.sampled_from(kinds), label="training step")
+        if kind == "backward":
+            self.backward(data.draw(st.booleans(), label="create_graph"))
+        elif kind == "zero-grad":
+            self.zero_grad(data.draw(st.booleans(), label="set_to_none"))
+        elif kind == "register-hooks":
+            self.register_hooks(data)
+        elif kind == "build-optimizer":
+            self.build_optimizer()
+        else:
+            self.optimizer_step()
+
+    @rule(deep=st.booleans())
+    @while_judged
+    def checkpoint(self, deep: bool) -> None:
+        """``state_dict()`` then torch's own ``load_state_dict`` of it, or ``copy.deepcopy``."""
+        if deep:
+            self.deepcopy()
+        else:
+            self.state_dict_round_trip()
+
+    def backward(self, create_graph: bool) -> None:
+        check = self.begin("backward")
+        kind = "create-graph" if create_graph else "plain"
+        prediction = self.model.forward(self.x, backward=kind)
+        outcome = attempt(lambda: run_backward(self.module, self.x, create_graph))
+        lines = ["error = None", *repro.guarded([
+            "with torch.enable_grad():", "    out = module(x.clone())",
+            "    if out.requires_grad:",
+            f"        out.float().sum().backward(create_graph={create_graph})"])]
+        self.after(check, Prediction(error=prediction.error), outcome, lines)
+
+    def build_optimizer(self) -> None:
+        indices = _trainable(self.model)
+        named = named_tensors(self.module)
+        params = [named[self.model.tensors[i].names[0]] for i in indices]
+        names = [self.model.tensors[i].names[0] for i in indices]
+        check = self.begin("build_optimizer")
+        outcome = attempt(lambda: torch.optim.SGD(params, lr=LR, foreach=False))
+        self.opt = outcome.result
+        if self.opt is not None:
+            self.model.build_optimizer(indices)
+        lines = [f"opt = torch.optim.SGD([named(module)[n] for n in {names!r}], lr={LR}, "
+                 "foreach=False)"]
+        self.after(check, Prediction(), outcome, lines)
+
+    def optimizer_step(self) -> None:
+        check = self.begin("optimizer_step")
+        prediction = self.model.optimizer_step()
+        outcome = attempt(self.opt.step)
+        lines = ["error = None", *repro.guarded(["opt.step()"])]
+        self.after(check, prediction, outcome, lines)
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        check = self.begin("zero_grad")
+        self.model.zero_grad(set_to_none)
+        outcome = attempt(lambda: self.module.zero_grad(set_to_none=set_to_none))
+        self.after(check, Prediction(), outcome,
+                   [f"module.zero_grad(set_to_none={set_to_none})"])
+
+    def register_hooks(self, data: st.DataObject) -> None:
+        candidates = _trainable(self.model)
+        index = data.draw(st.sampled_from(candidates), label="parameter")
+        name, key = self.model.tensors[index].names[0], f"h{len(self.model.hooks) // 2}"
+        check = self.begin("register_hooks")
+        param = named_tensors(self.module)[name]
+        outcome = attempt(lambda: count_hooks(param, key, self.fired))
+        self.model.add_hooks(index, key)
+        lines = [f"named(module)[{name!r}].register_hook(lambda g: fired.update([{key + ':hook'!r}]))",
+                 f"named(module)[{name!r}].register_post_accumulate_grad_hook("
+                 f"lambda p: fired.update([{key + ':post-accumulate'!r}]))"]
+        self.after(check, Prediction(), outcome, lines)
+
+    def state_dict_round_trip(self) -> None:
+        check = self.begin("state_dict_round_trip")
+        outcome = attempt(lambda: self.module.load_state_dict(self.module.state_dict()))
+        lines = ["error = None", *repro.guarded(["module.load_state_dict(module.state_dict())"])]
+        self.after(check, Prediction(), outcome, lines)
+
+    def deepcopy(self) -> None:
+        check = self.begin("deepcopy")
+        outcome = attempt(lambda: copy.deepcopy(self.module))
+        if outcome.error is None:  # torch refuses to deep-copy non-leaf tensors: no step then
+            self.module = outcome.result
+            self.model.deepcopied()
+        lines = ["try:", "    module = copy.deepcopy(module)", "except RuntimeError as e:",
+                 "    print('deepcopy refused:', e)"]
+        self.after(check, Prediction(), Outcome(), lines)
+
+    # ---- after each step -------------------------------------------------------------
+
+    def begin(self, step: str, **example: Any) -> StepCheck:
+        """The check of a step about to run: its declarations are matched now, on the module
+        before the step (a predicate describes the input, never the outcome)."""
+        return StepCheck(self.property_id, self.target,
+                         StepExample(self.module, step=step, **example))
+
+    def after(self, check: StepCheck, prediction: Prediction, outcome: Outcome,
+              lines: list[str], *, output: bool = False) -> None:
+        """Check the property's invariant after the step; resync where a declaration applies."""
+        step = check.example.step
+        event(f"rule: {step}")
+        self.steps.append(["before = named(module)", *lines])
+        self.check_outcome(check, prediction, outcome)
+        if self.property_id == STATE:
+            check_state(check, self.model, self.module, step)
+        elif self.property_id == FORWARD and output and prediction.error is None \
+                and outcome.error is None:
+            check.that(agrees(outcome, prediction), "output",
+                       "the call's output differs from the model's call on a fresh build",
+                       code=f"same(out, {repro.tensor_code(prediction.result)})")
+        elif self.property_id == HOOKS:
+            check_hooks(check, self.model, self.fired, self.target)
+        elif self.property_id == OPTIMIZER:
+            check_optimizer(check, self.model, self.module, self.opt)
+        check.that(global_state() == self.start, "global-state",
+                   f"step {step!r} changed global state (flags, default dtype, grad mode or RNG)",
+                   code="global_state() == start")
+        symptoms = copy.copy(check)
+        symptoms.violations = []
+        if self.property_id != STATE and check.declared:
+            check_state(symptoms, self.model, self.module, step)
+        resync = check.verdict(self.script, symptoms.violations)
+        self.judged = not check.shown
+        if resync:
+            self.model.resync(self.module)
+        self.model.adopt(self.module)
+        if self.model.drop_stale_optimizer() or self.model.optimizer is None:
+            if self.opt is not None:
+                self.steps[-1].append("opt = None  # stale (a new object): a later step builds one")
+            self.opt = None
+        if self.property_id == FORWARD and self.judged:
+            self.forward_check()
+
+    def check_outcome(self, check: StepCheck, prediction: Prediction, outcome: Outcome) -> None:
+        """Clauses ``raised`` / ``no-error``: the step raised exactly where the model did."""
+        error = outcome.error
+        if prediction.error is None:
+            check.that(error is None, "raised",
+                       f"raised {type(error).__name__}: {error}" if error else "",
+                       code="error is None")
+        else:
+            check.that(isinstance(error, prediction.error), "no-error",
+                       f"the model raised {prediction.error.__name__}; the step gave "
+                       f"{type(error).__name__ if error else 'no error'}",
+                       code=f"isinstance(error, {prediction.error.__name__})")
+
+    def forward_check(self) -> None:
+        """SEQ-FORWARD: the module's forward equals a fresh build's with the model's values."""
+        check = self.begin("forward")
+        prediction = self.model.forward(self.x)
+        outcome = attempt(lambda: no_grad_forward(self.module, self.x))
+        want = (f"same(forward(module, x), {repro.tensor_code(prediction.result)})"
+                if prediction.error is None else "False  # the model's forward raised")
+        check.that(agrees(outcome, prediction), "stale-forward",
+                   f"forward {_shown(outcome)}, but a fresh build holding the model's values "
+                   f"{_shown(prediction)}", code=want)
+        resync = check.verdict(self.script)
+        self.judged = not check.shown
+        self.steps.append(["forward(module, x)  # the forward check"])
+        if resync:
+            self.model.resync(self.module)
+        self.model.adopt(self.module)
+
+    def script(self, violations: list[Violation]) -> str:
+        """The sequence so far as a standalone script ending in the violated clauses' asserts."""
+        *done, last = self.steps
+        asserts = [f"assert {v.code}, {v.message!r}" for v in violations]
+        return repro.script(self.target, self.build_lines, [*done, last], asserts)
+
+
+# ---- the invariants ------------------------------------------------------------------
+
+
+def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: str) -> None:
+    """SEQ-STATE: names, objects, ties, class, attributes, requires_grad, values and grads.
+
+    After a functional call the object and value clauses are ``not-restored`` (FC-RESTORE's)."""
+    named = named_tensors(module)
+    moved = "not-restored" if step == "functional_call" else "object-changed"
+    for state in model.tensors:
+        first = state.names[0]
+        if not check.that(all(n in named for n in state.names), "slot-missing",
+                          f"names {list(state.names)} are not all registered",
+                          code=f"all(n in named(module) for n in {list(state.names)!r})"):
+            continue
+        now = named[first]
+        kind = "parameter" if state.parameter else "buffer"
+        for other in state.names[1:]:
+            check.that(named[other] is now, f"{kind}-tie-split",
+                       f"tied {kind} names {first!r} and {other!r} hold two objects",
+                       code=f"named(module)[{first!r}] is named(module)[{other!r}]")
+        if state.obj is not None:
+            check.that(now is state.obj, moved, f"{first!r} holds another object, where the "
+                       "path promised the same one", code=f"named(module)[{first!r}] is before[{first!r}]")
+        code = f"named(module)[{first!r}]"
+        if state.parameter:
+            check.that(type(now) is state.cls, "class",
+                       f"{first!r} is a {type(now).__name__}, not a {state.cls.__name__}",
+                       code=f"type({code}).__name__ == {state.cls.__name__!r}")
+            check.that(all(getattr(now, a, None) == v for a, v in (state.attributes or {}).items()),
+                       "attributes", f"{first!r} lost its attributes {sorted(state.attributes or {})}",
+                       code=f"all(getattr({code}, a, None) == v for a, v in "
+                            f"{state.attributes!r}.items())")
+            check.that(now.requires_grad == state.requires_grad, "requires-grad",
+                       f"{first!r} requires_grad is {now.requires_grad}",
+                       code=f"{code}.requires_grad == {state.requires_grad}")
+        check.that(_matches(now, state.value, state.values_known),
+                   "not-restored" if step == "functional_call" else "value",
+                   f"{first!r} is {_describe(now)}, the model says {_describe(state.value)}",
+                   code=f"same({code}, {repro.tensor_code(state.value)})" if state.values_known
+                   else f"{code}.dtype == {state.value.dtype}")
+        if state.parameter and state.values_known:
+            _check_grad(check, state, now, code)
+
+
+def _check_grad(check: StepCheck, state: Any, now: Tensor, code: str) -> None:
+    grad = now.grad
+    if state.grad is None:
+        check.that(grad is None, "grad-value", f"{state.names[0]!r} has a grad the model does not",
+                   code=f"{code}.grad is None")
+        return
+    if check.that(grad is not None, "grad-lost", f"{state.names[0]!r} lost its grad",
+                  code=f"{code}.grad is not None"):
+        check.that(_matches(grad, state.grad, True), "grad-value",
+                   f"{state.names[0]!r}.grad is {_describe(grad)}, the model says "
+                   f"{_describe(state.grad)}", code=f"same({code}.grad, {repro.tensor_code(state.grad)})")
+
+
+def _matches(actual: Tensor, expected: Tensor, values: bool) -> bool:
+    return same_values(actual, expected) if values else same_metadata(actual, expected)
+
+
+def check_hooks(check: StepCheck, model: ModuleModel, fired: Counter, target: Any) -> None:
+    """SEQ-HOOKS: each hook fired as often as the model says. A hook a declared deviation may
+    have lost is not held to it; a difference there counts as that deviation."""
+    for hook in model.hooks:
+        if hook.checked:
+            check.that(fired[hook.key] == hook.fired, "hook-count",
+                       f"hook {hook.key!r} fired {fired[hook.key]} time(s), the model says "
+                       f"{hook.fired}", code=f"fired[{hook.key!r}] == {hook.fired}")
+        elif fired[hook.key] != hook.fired:
+            OBSERVED[(HOOKS, target.name, "hook-lost-declared")] += 1
+            hook.fired = fired[hook.key]
+
+
+def check_optimizer(check: StepCheck, model: ModuleModel, module: nn.Module,
+                    opt: torch.optim.Optimizer | None) -> None:
+    """SEQ-OPTIMIZER: every entry the model still holds is the module's parameter."""
+    if opt is None or model.optimizer is None:
+        return
+    named = named_tensors(module)
+    held = opt.param_groups[0]["params"]
+    for position, index in enumerate(model.optimizer):
+        if index is None:
+            continue
+        name = model.tensors[index].names[0]
+        check.that(held[position] is named.get(name), "optimizer-stale",
+                   f"the optimizer's entry {position} is not {name!r}, where the path promised "
+                   "identity", code=f"opt.param_groups[0]['params'][{position}] is named(module)[{name!r}]")
+
+
+# ---- helpers -------------------------------------------------------------------------
+
+
+def _trainable(model: ModuleModel | None) -> list[int]:
+    """Indices of the parameters that require grad (an optimizer's and a hook's choice)."""
+    return [] if model is None else [i for i, t in enumerate(model.tensors)
+                                     if t.parameter and t.requires_grad]
+
+
+def agrees(outcome: Outcome, prediction: Prediction) -> bool:
+    """Both raised the same exception type, or both returned equal tensors."""
+    if outcome.error is not None or prediction.error is not None:
+        return type(outcome.error) is prediction.error
+    return same_values(outcome.result.detach(), prediction.result)
+
+
+def given_value(value: Tensor) -> Tensor:
+    """A tensor of ``value``'s dtype and shape with other values (for calls and loads)."""
+    v = value.detach()
+    if v.device.type == "meta":
+        return torch.empty_like(v)
+    if v.dtype == torch.bool:
+        return ~v
+    return (v + (0.5 if v.is_floating_point() or v.is_complex() else 1)).clone()
+
+
+def run_backward(module: nn.Module, x: Tensor, create_graph: bool) -> None:
+    with torch.enable_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # create_graph=True warns of a cycle
+        out = module(x.clone())
+        if out.requires_grad:
+            out.float().sum().backward(create_graph=create_graph)
+
+
+def no_grad_forward(module: nn.Module, x: Tensor) -> Tensor:
+    with torch.no_grad():
+        return module(x.clone())
+
+
+def count_hooks(param: Tensor, key: str, fired: Counter) -> None:
+    param.register_hook(lambda g: fired.update([f"{key}:hook"]))
+    param.register_post_accumulate_grad_hook(lambda p: fired.update([f"{key}:post-accumulate"]))
+
+
+def _describe(t: Any) -> str:
+    if isinstance(t, Tensor):
+        return f"{type(t).__name__}({t.dtype}, {t.device}, shape={tuple(t.shape)})"
+    return repr(t)
+
+
+def _shown(outcome: Any) -> str:
+    if outcome.error is not None:
+        error = outcome.error
+        return f"raised {error.__name__ if isinstance(error, type) else type(error).__name__}"
+    return f"returned {_describe(outcome.result)}"
+
+
+def sequence_settings() -> settings:
+    """The active profile's settings, scaled to sequences: ``STEPS`` steps per sequence and a
+    ``1/EXAMPLES_DIVISOR`` share of its examples (at least one)."""
+    current = settings()
+    return settings(current, max_examples=max(1, current.max_examples // EXAMPLES_DIVISOR),
+                    stateful_step_count=STEPS, deadline=None,
+                    suppress_health_check=[*current.suppress_health_check, HealthCheck.too_slow,
+                                           HealthCheck.data_too_large])
+
+
+def sequence_property(property_id: str) -> Callable:
+    """Mark a test as the check of one sequence property (as ``spec_property`` does for
+    ``@given`` tests; the relaxed settings are in ``sequence_settings``)."""
+    return pytest.mark.swapspec_property(property_id)
+
+
+def run_sequences(target: Any, property_id: str,
+                  machine: type[SequenceMachine] = SequenceMachine,
+                  settings_: settings | None = None) -> None:
+    """Run ``machine`` on ``target``, asserting ``property_id``'s invariant after every step
+    (``settings_``: instead of ``sequence_settings()``)."""
+    run_state_machine_as_test(machine.for_target(target, property_id),
+                              settings=settings_ or sequence_settings())
+
+
+def repro_of(error: BaseException) -> str:
+    """The standalone script in a failing sequence's ``ConformanceError``."""
+    marker = "Standalone repro (save it as a file and run it with python):\n\n"
+    return str(error).split(marker, 1)[1]
+
+
+def steps_in(script: str) -> int:
+    """How many steps after the build a repro script runs."""
+    return script.count("\n# step ") - 1

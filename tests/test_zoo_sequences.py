@@ -1,0 +1,60 @@
+"""The sequence zoo is caught by sequences only: each target fails a SEQ property and passes
+every one-shot property of the half it changes (``ONE_SHOT_PATHS``; the other half is the
+reference's own).
+
+Sequences run in-process with fixed settings (derandomized, no database, no shrinking, up to
+``SEQUENCES`` sequences); one-shot properties as subprocess ``pytest`` runs under the CI
+profile, as in ``tests/test_zoo.py``. Figures, with shrinking:
+``python -m tests.zoo.measure_sequences``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, settings
+
+from swapspec.properties.deviations import ConformanceError
+from swapspec.properties.plugin import isolated_global_state
+from swapspec.properties.sequences import STEPS, run_sequences
+from swapspec.properties.targets import load_target
+from tests.test_zoo import run_suite, statuses
+from tests.zoo import SEQUENCE_ZOO, selector, zoo_module
+
+SEQUENCES = 100
+FIXED = settings(max_examples=SEQUENCES, derandomize=True, database=None, deadline=None,
+                 stateful_step_count=STEPS, phases=[Phase.explicit, Phase.generate])
+
+
+@pytest.mark.parametrize("name", SEQUENCE_ZOO)
+def test_sequence_zoo_target_is_caught_by_a_sequence(name: str) -> None:
+    """Rule: a SEQ property the module names in ``CAUGHT_BY`` fails."""
+    zoo = zoo_module(name)
+    caught = []
+    for pid in sorted(zoo.CAUGHT_BY):
+        with isolated_global_state(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                run_sequences(load_target(selector(name)), pid, settings_=FIXED)
+            except ConformanceError:
+                caught.append(pid)
+    assert caught, f"{name}: no sequence of {sorted(zoo.CAUGHT_BY)} failed"
+
+
+@pytest.mark.parametrize("name", SEQUENCE_ZOO)
+def test_sequence_zoo_target_passes_every_one_shot_property(name: str, tmp_path: Path) -> None:
+    """Rule: every one-shot property of the half the target changes passes (or is skipped)."""
+    zoo = zoo_module(name)
+    code, table, tail = run_suite(selector(name), zoo.ONE_SHOT_PATHS, tmp_path / "report.json")
+    bad = {pid: s for pid, s in statuses(table).items() if s not in ("pass", "skipped")}
+    assert code == 0 and table and not bad, f"{name}: {bad}\n{tail}"
+
+
+def test_sequence_zoo_declarations() -> None:
+    """Rule: every sequence zoo module names an origin, SEQ properties and one-shot paths."""
+    for name in SEQUENCE_ZOO:
+        zoo = zoo_module(name)
+        assert zoo.ORIGIN and zoo.ONE_SHOT_PATHS and zoo.target.name.startswith("zoo-"), name
+        assert zoo.CAUGHT_BY and all(pid.startswith("SEQ-") for pid in zoo.CAUGHT_BY), name
