@@ -35,7 +35,7 @@ ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in fami
 FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "apply": ("apply",), "functional_call": ("functional_call",),
     "together": ("apply", "functional_call"), "xla": ("apply",),
-    "load_state_dict": ("load_state_dict",),
+    "load_state_dict": ("load_state_dict",), "sequences": ("apply", "functional_call"),
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
