@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX, _IncompatibleKeys
 from torch.nn.parameter import is_lazy
 
-from swapspec.reference.apply import _as_parameter_like, _carry_tensor_hooks, _tensor_hooks
+from swapspec.reference.apply import _carry_tensor_hooks, _tensor_hooks
 from swapspec.reference.flags import get_swap_module_params_on_conversion
 
 SWAP, ASSIGN, COPY = "swap", "assign", "copy"
@@ -63,15 +63,20 @@ def load_state_dict(
        - assign: the slot gets ``value``, wrapped as ``nn.Parameter(value, requires_grad=...)``
          for a parameter slot unless it is a Parameter (whose ``requires_grad`` is then set to
          the slot's); the class and attributes are the value's (torch's documentation).
+       - With ``assign`` (with or without swap), a value that is the slot's own data (the slot
+         itself, or a detached alias with its dtype, shape, strides and offset, as
+         ``state_dict()`` gives) leaves the slot as it is (*spec*: torch puts in a new
+         Parameter, so an optimizer loses it, or swaps in the value's class).
        - swap: ``new = slot.module_load(value, assign=assign)`` (a subclass's ``module_load`` and
          ``__torch_function__`` are honoured; returning ``slot`` or ``value`` is torch's error),
          then ``torch.utils.swap_tensors(slot, new)``. A failure is reported as torch's
          ``While swapping the parameter named ...`` message.
     5. Identity on the swap path (*spec*, ``_swap``): the object stays, and keeps its class
-       (unless ``new`` is itself a tensor subclass, whose class wins, as in ``apply``), its
-       instance attributes, its ``requires_grad``, its grad (``.to`` the new dtype and device
-       when they differ) and its ``register_hook`` / post-accumulate-grad hooks. An optimizer
-       built before therefore still holds it.
+       (unless ``new`` is itself a tensor subclass, whose class wins, as in ``apply``; with
+       ``assign`` the class is the value's, torch's assign rule), its instance attributes (those
+       ``new`` lacks), its ``requires_grad``, its grad (``.to`` the new dtype and device when
+       they differ) and its ``register_hook`` / post-accumulate-grad hooks. An optimizer built
+       before therefore still holds it. Buffers take ``new``'s class, as in torch.
     6. Ties (*spec*, ``_Load.already_loaded``): one tensor object is loaded once, under the first
        key that reaches it; every slot in the tree that held it holds one object afterwards, on
        every path (assign rebinds all of them). A later key reaching the same object with the
@@ -89,7 +94,7 @@ def load_state_dict(
        the old extra state, and a given Parameter gets its ``requires_grad`` back. Side effects of
        hooks and overrides outside the module's tensors are theirs.
     9. Round trip (follows from 4-6): loading ``module.state_dict()`` back changes no slot
-       object, class, value or tie, whatever the flags.
+       object, class, value, tie or grad, whatever the flags and ``assign``.
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
@@ -268,6 +273,8 @@ class _Load:
         if path == COPY:
             tensor.copy_(value)
             return tensor
+        if assign and _own_data(tensor, value):
+            return tensor
         if path == ASSIGN:
             new = self._as_slot_value(tensor, value)
             self._rebind_everywhere(tensor, new)
@@ -304,7 +311,7 @@ class _Load:
         is_param = isinstance(tensor, nn.Parameter)
         grad = tensor.grad if is_param else None
         if is_param:
-            new = _as_parameter_like(tensor, new)
+            new = _as_swapped_parameter(tensor, new, assign)
             hooks = _tensor_hooks(tensor)
         if grad is not None:
             tensor.grad = None  # reading .grad holds a use count that blocks swap_tensors
@@ -377,6 +384,28 @@ def same_value(a: Any, b: Any) -> bool:
         return True
     return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())) \
         if a.is_floating_point() else bool(torch.equal(a, b))
+
+
+def _as_swapped_parameter(param: nn.Parameter, new: Tensor, assign: bool) -> nn.Parameter:
+    """Rule 5: torch's Parameter wrapping of ``module_load``'s result, then the spec's identity:
+    the parameter's class (unless ``assign`` or ``new`` is a subclass) and its attributes."""
+    if isinstance(new, nn.Parameter):
+        new.requires_grad_(param.requires_grad)
+    else:
+        new = nn.Parameter(new, requires_grad=param.requires_grad)
+    if not assign and type(new) is nn.Parameter:
+        new.__class__ = type(param)
+    for name, value in param.__dict__.items():
+        new.__dict__.setdefault(name, value)
+    _carry_tensor_hooks(_tensor_hooks(param), new)
+    return new
+
+
+def _own_data(tensor: Tensor, value: Tensor) -> bool:
+    """Rule 4: ``value`` is the slot's own data (``state_dict()``'s detached alias of it)."""
+    return value is tensor or (
+        type(value.detach()) is type(tensor.detach()) and _layout(value) == _layout(tensor)
+        and bool(torch._C._is_alias_of(value, tensor)))
 
 
 def _grad_fitting(grad: Tensor, param: Tensor) -> Tensor:
