@@ -11,7 +11,10 @@ and optionally the data the suite reads next to it:
 - ``deviations``: a sequence of ``properties.deviations.Deviation`` it is known to have;
 - ``skips``: a mapping ``{property_id: reason}`` of properties that do not apply to it;
 - ``call_forms``: the ``tensors`` forms its ``functional_call`` takes (default: a dict, and
-  tuples of dicts); the properties draw only these.
+  tuples of dicts); the properties draw only these;
+- ``load_state_dict(module, state_dict, *, strict=True, assign=False, swap: bool)``, returning
+  torch's ``(missing_keys, unexpected_keys)`` named tuple; without it the ``LOAD-`` properties
+  are skipped for the target.
 
 Select one with ``--swapspec-target``, ``SWAPSPEC_TARGET`` or the ini key ``swapspec_target``:
 a built-in name, ``all`` (every built-in), ``package.module`` (the module is the target) or
@@ -33,6 +36,7 @@ from torch import nn
 from swapspec import reference
 from swapspec.properties.deviations import Deviation
 from swapspec.properties.torch_deviations import STATELESS_DEVIATIONS, TORCH_DEVIATIONS
+from swapspec.properties.torch_load_deviations import LOAD_DEVIATIONS
 from swapspec.properties.xla_deviations import XLA_DEVIATIONS
 
 BUILTIN_NAMES = ("reference", "torch", "torch-stateless")
@@ -53,6 +57,7 @@ class Target:
     skips: Mapping[str, str] = field(default_factory=dict)
     spec: str = ""  # the string that selects it, for repros; defaults to ``name``
     call_forms: tuple[str, ...] = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
+    load_state_dict: Callable[..., Any] | None = None
 
     @property
     def selector(self) -> str:
@@ -86,6 +91,19 @@ def torch_apply(
         future.set_swap_module_params_on_conversion(saved[1])
 
 
+def torch_load_state_dict(module: nn.Module, state_dict, *, strict: bool = True,
+                          assign: bool = False, swap: bool) -> Any:
+    """``module.load_state_dict(state_dict, strict, assign)`` with ``torch.__future__``'s swap
+    flag set for the call and restored in ``finally``."""
+    future = torch.__future__
+    saved = future.get_swap_module_params_on_conversion()
+    try:
+        future.set_swap_module_params_on_conversion(swap)
+        return module.load_state_dict(state_dict, strict=strict, assign=assign)
+    finally:
+        future.set_swap_module_params_on_conversion(saved)
+
+
 def stateless_functional_call(module, tensors, args=(), kwargs=None, *, tie_weights=True,
                               strict=False):
     """``torch.nn.utils.stateless.functional_call``, its FutureWarning silenced."""
@@ -107,12 +125,15 @@ def builtin_target(name: str) -> Target:
         return from_object(reference)
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS)
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + LOAD_DEVIATIONS,
+                      load_state_dict=torch_load_state_dict)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS,
+                      deviations=(TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS
+                                  + LOAD_DEVIATIONS),
                       skips=STATELESS_SKIPS,
-                      call_forms=("dict",))
+                      call_forms=("dict",),
+                      load_state_dict=torch_load_state_dict)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 
@@ -129,6 +150,7 @@ def from_object(obj: Any) -> Target:
         deviations=tuple(getattr(obj, "deviations", ())),
         skips=dict(getattr(obj, "skips", {})),
         **({"call_forms": tuple(obj.call_forms)} if hasattr(obj, "call_forms") else {}),
+        load_state_dict=getattr(obj, "load_state_dict", None),
     )
 
 

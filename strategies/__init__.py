@@ -19,6 +19,7 @@ from swapspec.strategies.conversions import (
 )
 from swapspec.strategies.devices import detected_devices, xla_device
 from swapspec.strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
+from swapspec.strategies.state_dicts import LoadInput, state_dicts
 from swapspec.strategies.tree_draws import module_trees, tree_specs
 from swapspec.strategies.trees import TreeInfo, TreeSpec, build_tree, tree_info
 
@@ -30,6 +31,7 @@ __all__ = [
     "ConversionError",
     "FlagSetting",
     "ForwardError",
+    "LoadInput",
     "Observation",
     "TaggedParameter",
     "TreeInfo",
@@ -41,6 +43,7 @@ __all__ = [
     "flag_settings",
     "forward_inputs",
     "module_trees",
+    "state_dicts",
     "tree_info",
     "tree_specs",
     "value_changing_conversions",
