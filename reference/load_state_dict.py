@@ -67,6 +67,8 @@ def load_state_dict(
          itself, or a detached alias with its dtype, shape, strides and offset, as
          ``state_dict()`` gives) leaves the slot as it is (*spec*: torch puts in a new
          Parameter, so an optimizer loses it, or swaps in the value's class).
+       - An uninitialized (lazy) slot given an uninitialized value is left as it is on every
+         path: there is nothing to load (*spec*: torch's assign and swap paths raise).
        - swap: ``new = slot.module_load(value, assign=assign)`` (a subclass's ``module_load`` and
          ``__torch_function__`` are honoured; returning ``slot`` or ``value`` is torch's error),
          then ``torch.utils.swap_tensors(slot, new)``. A failure is reported as torch's
@@ -273,7 +275,7 @@ class _Load:
         if path == COPY:
             tensor.copy_(value)
             return tensor
-        if assign and _own_data(tensor, value):
+        if (assign and _own_data(tensor, value)) or (is_lazy(tensor) and is_lazy(value)):
             return tensor
         if path == ASSIGN:
             new = self._as_slot_value(tensor, value)

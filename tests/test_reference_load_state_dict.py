@@ -540,3 +540,11 @@ def test_rule4_assign_of_a_copy_of_own_data_is_a_new_object():
     weight = module.weight
     load(module, {k: v.clone() for k, v in module.state_dict().items()}, assign=True)
     assert module.weight is not weight
+
+
+@paths
+def test_rule4_uninitialized_into_uninitialized_is_left_as_it_is(swap, assign):
+    module = nn.Sequential(nn.LazyLinear(2))
+    weight = module[0].weight
+    load(module, module.state_dict(), swap=swap, assign=assign)
+    assert module[0].weight is weight and isinstance(weight, nn.UninitializedParameter)
