@@ -22,7 +22,12 @@ XLA = (
     "XLA-DTYPE-PATH", "XLA-FUNCTIONAL-CALL", "XLA-MOVE-ALL-FLAGS", "XLA-ROUND-TRIP",
     "XLA-SET-DATA-REFUSED", "XLA-STATE",
 )
+LOAD = (
+    "LOAD-ATOMIC", "LOAD-IDENTITY", "LOAD-KEYS", "LOAD-PATH", "LOAD-ROUND-TRIP", "LOAD-TIES",
+    "LOAD-VALUES",
+)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
+    "load_state_dict": LOAD,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)

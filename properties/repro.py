@@ -163,3 +163,44 @@ def _tensor_code(t: Tensor) -> str:
     if isinstance(t, torch.nn.Parameter):
         return f"torch.nn.Parameter({code}, requires_grad={t.requires_grad})"
     return f"{code}.requires_grad_()" if t.requires_grad else code
+
+
+def load_repro(example: Any, target: Any, violations: list[Violation]) -> str:
+    """A script that loads the example's state dict into its module on ``target`` and shows the
+    broken rule. Values that are the module's own tensors are named by slot."""
+    load = example.load
+    named = example.names_before
+    own = {id(t): f"named(module)[{name!r}]" for name, t in named.items()}
+    for name, t in named.items():
+        own.setdefault(id(t), f"named(module)[{name!r}]")
+    lines = [*PRELUDE, "from torch.testing._internal.two_tensor import TwoTensor",
+             *_tree_lines(example.module), "before = named(module)"]
+    values = ", ".join(f"{k!r}: {_load_value_code(v, own, named.get(k))}"
+                       for k, v in load.state_dict.items())
+    lines.append(f"state_dict = {{{values}}}")
+    kwargs = f"strict={load.strict}, assign={load.assign}"
+    if target.name.startswith("torch"):
+        lines += [f"torch.__future__.set_swap_module_params_on_conversion({load.swap})"]
+        call = f"module.load_state_dict(state_dict, {kwargs})"
+    else:
+        lines += _target_lines(target, None)
+        call = f"target.load_state_dict(module, state_dict, {kwargs}, swap={load.swap})"
+    lines += ["try:", f"    print({call})", "except Exception as e:  # some rules are about failed loads",
+              "    print('raised', type(e).__name__, e)", "finally:",
+              "    torch.__future__.set_swap_module_params_on_conversion(False)"
+              if target.name.startswith("torch") else "    pass"]
+    lines += ["after = named(module)", *_assert_lines(violations)]
+    return "\n".join(lines)
+
+
+def _load_value_code(value: Any, own: dict[int, str], slot: Any) -> str:
+    """The module's own tensor by name, its detached alias, a TwoTensor, or a value."""
+    if isinstance(value, Tensor) and id(value) in own:
+        return own[id(value)]
+    if isinstance(value, Tensor) and slot is not None and value is not slot and \
+            id(slot) in own and value.device == slot.device and not slot.is_meta and \
+            value.dtype == slot.dtype and torch._C._is_alias_of(value, slot):
+        return f"{own[id(slot)]}.detach()"
+    if isinstance(value, Tensor) and type(value).__name__ == "TwoTensor":
+        return f"TwoTensor({_tensor_code(value.a)}, {_tensor_code(value.b)})"
+    return _value_code(value, own)

@@ -21,8 +21,9 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX, _IncompatibleKeys
 from torch.nn.parameter import is_lazy
 
-from swapspec.reference.apply import _carry_tensor_hooks, _tensor_hooks
+from swapspec.reference.apply import _carry_tensor_hooks, _run_overridden, _Step, _tensor_hooks
 from swapspec.reference.flags import get_swap_module_params_on_conversion
+from swapspec.reference.overrides import hook_overrides_of
 
 SWAP, ASSIGN, COPY = "swap", "assign", "copy"
 
@@ -95,13 +96,27 @@ def load_state_dict(
        class, attributes, ``.data``, values, ``requires_grad`` and grad, ``set_extra_state`` gets
        the old extra state, and a given Parameter gets its ``requires_grad`` back. Side effects of
        hooks and overrides outside the module's tensors are theirs.
-    9. Round trip (follows from 4-6): loading ``module.state_dict()`` back changes no slot
+    9. Old-style reparametrizations (``torch.nn.utils.weight_norm``, ``spectral_norm``,
+       ``prune``) on the swap path (*spec*): their computed attribute holds an autograd graph
+       over the parameters, which ``swap_tensors`` refuses, so it is dropped before the load
+       and computed again after, as ``apply`` does (``reference.overrides``); torch refuses the
+       swap.
+    10. Round trip (follows from 4-6): loading ``module.state_dict()`` back changes no slot
        object, class, value, tie or grad, whatever the flags and ``assign``.
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
     swap = get_swap_module_params_on_conversion() if swap is None else swap
     load = _Load(module, swap=swap, assign=assign)
+    steps = [_Step(m, o) for m in module.modules() for o in hook_overrides_of(m)] if swap else []
+    _run_overridden(steps, _distinct_modules(module)[::-1],
+                    lambda: _load_atomically(load, module, state_dict, strict))
+    return _IncompatibleKeys(load.missing_keys, load.unexpected_keys)
+
+
+def _load_atomically(load: _Load, module: nn.Module, state_dict: Mapping[str, Any],
+                     strict: bool) -> None:
+    """Rules 2-8: the traversal, the errors, and the rollback on any failure."""
     snapshot = _Snapshot.of(module)
     try:
         copy = _copied(state_dict)
@@ -113,7 +128,6 @@ def load_state_dict(
         load.undo()
         snapshot.restore()
         raise
-    return _IncompatibleKeys(load.missing_keys, load.unexpected_keys)
 
 
 def choose_load_path(*, swap: bool, assign: bool) -> str:

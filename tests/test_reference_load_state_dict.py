@@ -548,3 +548,16 @@ def test_rule4_uninitialized_into_uninitialized_is_left_as_it_is(swap, assign):
     weight = module[0].weight
     load(module, module.state_dict(), swap=swap, assign=assign)
     assert module[0].weight is weight and isinstance(weight, nn.UninitializedParameter)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_rule9_old_weight_norm_on_the_swap_path():
+    module = nn.utils.weight_norm(linear())
+    g = module.weight_g
+    given = shifted(module)
+    load(module, given, swap=True)
+    assert module.weight_g is g and torch.equal(g, given["weight_g"])
+    assert torch.allclose(module.weight, torch._weight_norm(module.weight_v, g, 0))
+    before = snapshot(module)
+    error_of(lambda: load(module, {**given, "bias": torch.ones(5)}, swap=True))
+    assert_unchanged(before, module)
