@@ -95,7 +95,8 @@ def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
     missing = [k for k in own if k not in given]
     unexpected = [k for k in given if k not in own]
     bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
-    return KeyModel(missing, unexpected, bad, conflicting_groups(module, given))
+    fitting = {k: v for k, v in given.items() if k not in bad}
+    return KeyModel(missing, unexpected, bad, conflicting_groups(module, fitting))
 
 
 def swap_refused(module: nn.Module) -> bool:

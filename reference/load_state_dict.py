@@ -84,7 +84,8 @@ def load_state_dict(
        key that reaches it; every slot in the tree that held it holds one object afterwards, on
        every path (assign rebinds all of them). A later key reaching the same object with the
        same value (the same object, or equal dtype, shape, device and values) is skipped; with a
-       different value it is an error, reported in torch's list as ``While loading the tied
+       different value (as given: compared with copies taken before anything is written) it is
+       an error, reported in torch's list as ``While loading the tied
        names "<first>" and "<key>": they were given different values.`` Never a silent last-wins.
     7. Errors: with ``strict``, missing and unexpected keys are put first in the list, as torch
        does; any entry in the list raises ``RuntimeError("Error(s) in loading state_dict for
@@ -121,6 +122,8 @@ def _load_atomically(load: _Load, module: nn.Module, state_dict: Mapping[str, An
     try:
         copy = _copied(state_dict)
         load.metadata = getattr(copy, "_metadata", None)
+        load.given = {id(v): v.detach().clone() for v in copy.values()
+                      if isinstance(v, Tensor) and not is_lazy(v)}
         with _routed_to(load):
             load.visit(module, copy, "")
         load.raise_errors(strict)
@@ -188,6 +191,7 @@ class _Load:
     loaded: dict[int, _Loaded] = field(default_factory=dict)
     undo_log: list[Callable[[], None]] = field(default_factory=list)
     metadata: Any = None  # the state dict's ``_metadata``
+    given: dict[int, Any] = field(default_factory=dict)  # id -> a copy of each given tensor
     module_ids: set[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -277,11 +281,16 @@ class _Load:
         first = self.loaded.get(id(tensor))
         if first is None:
             return False
-        if not same_value(first.value, value):
+        if not same_value(self.as_given(first.value), self.as_given(value)):
             self.error_msgs.append(
                 f'While loading the tied names "{first.key}" and "{key}": they were given '
                 "different values.")
         return True
+
+    def as_given(self, value: Any) -> Any:
+        """Rule 6: ``value`` as it was when the load began (a value aliasing a slot that an
+        earlier key wrote shows the written values now)."""
+        return self.given.get(id(value), value)
 
     def _write(self, module: nn.Module, name: str, tensor: Tensor, value: Tensor, path: str,
                assign: bool) -> Tensor:

@@ -561,3 +561,15 @@ def test_rule9_old_weight_norm_on_the_swap_path():
     before = snapshot(module)
     error_of(lambda: load(module, {**given, "bias": torch.ones(5)}, swap=True))
     assert_unchanged(before, module)
+
+
+@paths
+def test_rule6_values_are_compared_as_given(swap, assign):
+    """The second alias is the slot's own data: the first key's write must not make it equal."""
+    module = Tied()
+    given = module.state_dict()
+    given["enc.weight"] = given["enc.weight"] + 1
+    before = snapshot(module)
+    text = error_of(lambda: load(module, given, swap=swap, assign=assign))
+    assert 'tied names "enc.weight" and "dec.weight"' in text
+    assert_unchanged(before, module)
