@@ -1,10 +1,332 @@
 """Declared deviations of torch's ``nn.Module.load_state_dict`` from the ``LOAD-`` rules.
 
-Each has a minimal plain-torch repro in ``reason``, the torch versions seen and the clauses.
+Each was observed with the suite and reduced to a minimal plain-torch repro (in ``reason``).
+The predicates model torch's own decisions from the module and the drawn state dict before
+the call: which keys it writes, in which order, and what each path puts in a slot.
 """
 
 from __future__ import annotations
 
-from swapspec.properties.deviations import Deviation
+from typing import Any
 
-LOAD_DEVIATIONS: tuple[Deviation, ...] = ()
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
+from torch.nn.utils.prune import BasePruningMethod
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from swapspec.properties.common import refused_by_swap
+from swapspec.properties.deviations import Deviation
+from swapspec.properties.load_examples import (
+    conflicting_groups,
+    equal_values,
+    fits,
+    is_own_data,
+    key_model,
+)
+
+TORCH_SEEN = ("2.13.0", None)
+
+# ---- facts about torch's load_state_dict --------------------------------------------------
+
+
+def _own(example: Any) -> dict[str, Any]:
+    return example.module.state_dict(keep_vars=True)
+
+
+def _written(example: Any) -> list[tuple[str, Tensor, Any]]:
+    """(key, slot, value) for every key torch writes: a tensor-like value that fits its slot."""
+    own, given = _own(example), example.load.state_dict
+    return [(k, own[k], v) for k, v in given.items()
+            if isinstance(own.get(k), Tensor) and fits(own[k], v)]
+
+
+def refused_sources(module: nn.Module) -> set[int]:
+    """Parameters an old-style reparametrization's computed attribute holds in its autograd
+    graph (weight_norm's ``_g``/``_v``, spectral_norm's and prune's ``_orig``): torch's
+    ``swap_tensors`` refuses them (a use count of 3)."""
+    out: set[int] = set()
+    for m in module.modules():
+        for hook in m._forward_pre_hooks.values():
+            if not isinstance(hook, (WeightNorm, SpectralNorm, BasePruningMethod)):
+                continue
+            name = getattr(hook, "name", None) or getattr(hook, "_tensor_name", "")
+            computed = m.__dict__.get(name)
+            if isinstance(computed, Tensor) and computed.grad_fn is not None:
+                for suffix in ("_g", "_v", "_orig"):
+                    p = m._parameters.get(name + suffix)
+                    if p is not None:
+                        out.add(id(p))
+    return out
+
+
+def _all_refused(module: nn.Module) -> set[int]:
+    """``refused_sources``, and parameters whose grad's graph holds them (``refused_by_swap``)."""
+    named = dict(module.named_parameters(remove_duplicate=False))
+    return refused_sources(module) | {id(named[n]) for n in refused_by_swap(module)}
+
+
+def swap_refused_by_torch(example: Any) -> bool:
+    """Under the swap flag, torch refuses a written parameter an old-style reparametrization holds."""
+    if not example.load.swap:
+        return False
+    refused = refused_sources(example.module)
+    return any(id(slot) in refused for _, slot, _ in _written(example))
+
+
+def refused_on_a_succeeding_load(example: Any) -> bool:
+    """The load would succeed, but torch refuses a swap (``swap_refused_by_torch``)."""
+    model = key_model(example.module, example.load.state_dict)
+    return swap_refused_by_torch(example) and not model.fails(example.load.strict)
+
+
+def refused_with_conflict(example: Any) -> bool:
+    """Tied names given different values, and torch raises for a refused swap after writing."""
+    return (swap_refused_by_torch(example) and bool(conflicting_groups(
+        example.module, example.load.state_dict)) and writes_before_failing(example))
+
+
+def writes_before_failing(example: Any) -> bool:
+    """torch writes every fitting key even when the load then raises, and some write shows:
+    a swap (a new TensorImpl, unless torch refuses it and the value is the slot's own), an
+    assign (a new object in the slot), or a copy of other values."""
+    load = example.load
+    refused = _all_refused(example.module) if load.swap else set()
+    for _, slot, value in _written(example):
+        if load.swap and (id(slot) not in refused or not equal_values(slot.detach(), value)):
+            return True
+        if not load.swap and load.assign and value is not slot:
+            return True
+        if not load.swap and not equal_values(slot.detach(), value):
+            return True
+    return False
+
+
+def _conflict_only(example: Any) -> bool:
+    model = key_model(example.module, example.load.state_dict)
+    others = model.bad_values or (example.load.strict and (model.missing or model.unexpected))
+    return bool(model.conflicts) and not others and not swap_refused_by_torch(example)
+
+
+def _conflict_and_other_error(example: Any) -> bool:
+    model = key_model(example.module, example.load.state_dict)
+    return bool(model.conflicts) and model.fails(example.load.strict) and not _conflict_only(example)
+
+
+def assign_splits_ties(example: Any) -> bool:
+    """``assign=True`` without swap: torch's ``setattr`` puts ``Parameter(value)`` (a new object
+    per key) or the value itself in each slot, so slots that held one object may differ after."""
+    load = example.load
+    if not load.assign or load.swap or conflicting_groups(example.module, load.state_dict):
+        return False
+    given, order = load.state_dict, list(load.state_dict)
+    finals: dict[int, dict[tuple[int, str], tuple[int, Any]]] = {}
+    for prefix, m in example.module.named_modules(remove_duplicate=False):
+        for registry in (m._parameters, m._buffers):
+            for key, t in registry.items():
+                if t is None:
+                    continue
+                name = f"{prefix}.{key}" if prefix else key
+                slots = finals.setdefault(id(t), {})
+                rank, final = (order.index(name), _final_object(t, given[name])) \
+                    if name in given else (-1, t)  # a slot no key reaches keeps its object
+                earlier = slots.get((id(m), key))
+                if earlier is None or rank > earlier[0]:
+                    slots[(id(m), key)] = (rank, final)
+    return any(len({id(f) for _, f in slots.values()}) > 1 for slots in finals.values()
+               if len(slots) > 1)
+
+
+class _New:
+    """Stands for a new object torch makes (one per write)."""
+
+
+def _final_object(slot: Tensor, value: Any) -> Any:
+    if isinstance(slot, nn.Parameter) and not isinstance(value, nn.Parameter):
+        return _New()
+    return value
+
+
+def first_keys(example: Any) -> dict[str, Tensor]:
+    """The first given key of each slot object, as LOAD-PATH checks it."""
+    own, out, seen = _own(example), {}, set()
+    for key in example.load.state_dict:
+        slot = own.get(key)
+        if isinstance(slot, Tensor) and id(slot) not in seen:
+            seen.add(id(slot))
+            out[key] = slot
+    return out
+
+
+def assign_replaces_own_data(example: Any) -> bool:
+    """With ``assign``, torch replaces a slot given its own data: a new Parameter (or the
+    detached alias as the buffer) without swap, a swapped-in TensorImpl with it."""
+    load = example.load
+    if not load.assign:
+        return False
+    given = load.state_dict
+    return any(is_own_data(slot, given[key]) and (load.swap or given[key] is not slot)
+               for key, slot in first_keys(example).items())
+
+
+def round_trip_assign_replaces(example: Any) -> bool:
+    return example.load.assign and not example.load.swap and bool(_tensor_slots(example)) \
+        and not _has_uninitialized(example)
+
+
+def _tensor_slots(example: Any) -> list[Tensor]:
+    return [t for t in _own(example).values() if isinstance(t, Tensor)]
+
+
+def _has_uninitialized(example: Any) -> bool:
+    return any(is_lazy(t) for t in _tensor_slots(example))
+
+
+def _params(example: Any) -> list[nn.Parameter]:
+    return list({id(p): p for p in example.module.parameters()}.values())
+
+
+def _hookable(p: nn.Parameter) -> bool:
+    return (p.requires_grad and p.is_floating_point() and not p.is_meta
+            and not is_traceable_wrapper_subclass(p))
+
+
+def swap_loses_identity(example: Any) -> bool:
+    """On the swap path torch swaps ``__class__`` and ``__dict__`` with a fresh
+    ``Parameter(module_load(...))`` and the TensorImpl with its autograd meta: a parameter
+    subclass's class (without ``assign``), instance attributes, grad and hooks are lost."""
+    load = example.load
+    if not load.swap or swap_refused_by_torch(example):
+        return False
+    return any(_hookable(p) or p.grad is not None or p.__dict__
+               or (not load.assign and type(p) is not nn.Parameter) for p in _params(example))
+
+
+def round_trip_swap_loses_identity(example: Any) -> bool:
+    load = example.load
+    if not load.swap or swap_refused_by_torch(example) or _has_uninitialized(example):
+        return False
+    return any(p.grad is not None or p.__dict__ or type(p) is not nn.Parameter
+               for p in _params(example))
+
+
+def uninitialized_refused(example: Any) -> bool:
+    """torch's assign and swap paths raise on an uninitialized parameter given itself."""
+    return (example.load.assign or example.load.swap) and _has_uninitialized(example)
+
+
+# ---- declarations ---------------------------------------------------------------------------
+
+SUCCEEDING = ("LOAD-PATH", "LOAD-VALUES", "LOAD-KEYS", "LOAD-IDENTITY", "LOAD-TIES",
+              "LOAD-ROUND-TRIP")
+
+LOAD_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        SUCCEEDING, refused_on_a_succeeding_load, "raised",
+        "Under the swap flag torch refuses parameters of old-style reparametrizations: the "
+        "computed attribute's autograd graph holds them, and swap_tensors sees a use count of 3 "
+        "(the reference drops the attribute for the load and computes it again, as apply does).\n"
+        "m = torch.nn.utils.weight_norm(torch.nn.Linear(2, 2))\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(m.state_dict())  # RuntimeError: ... Expected use_count of t1 to be 1 "
+        "or 2 ... got 3",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-ATOMIC", writes_before_failing, "changed",
+        "torch loads key by key and only raises at the end, so every key it could load stays "
+        "loaded when another key fails.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "sd = {k: v + 1 for k, v in m.state_dict().items()}; sd['1.bias'] = torch.zeros(5)\n"
+        "w = m[0].weight.clone()\n"
+        "try: m.load_state_dict(sd)\n"
+        "except RuntimeError: pass\n"
+        "assert not torch.equal(m[0].weight, w)  # half-loaded",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-TIES", refused_with_conflict, "changed",
+        "A load with tied names given different values that torch refuses for a refused swap "
+        "(see the 'raised' deviation) leaves the keys it wrote before written (see LOAD-ATOMIC).\n"
+        "m = torch.nn.utils.weight_norm(torch.nn.Linear(2, 2)); m.register_buffer('s', torch.ones(2))\n"
+        "m.register_buffer('t', m.s)\n"
+        "sd = m.state_dict(); sd['s'] = torch.zeros(2); sd['bias'] = sd['bias'] + 1\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(sd)  # RuntimeError (weight_g), and bias, s are loaded",
+        TORCH_SEEN),
+    Deviation(
+        ("LOAD-TIES", "LOAD-ATOMIC", "LOAD-KEYS"), _conflict_only,
+        ("conflict-accepted", "raised-none"),
+        "torch loads tied names given different values one after the other: the last one wins, "
+        "silently.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight\n"
+        "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
+        "m.load_state_dict(sd)  # no error\n"
+        "assert torch.equal(m[0].weight, torch.ones(2, 2))",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-KEYS", _conflict_and_other_error, "message",
+        "torch's error message never names tied names given different values (it does not see "
+        "them); the reference adds 'While loading the tied names ...'.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight\n"
+        "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
+        "sd['1.bias'] = torch.zeros(3)\n"
+        "m.load_state_dict(sd)  # RuntimeError naming only the size mismatch of 1.bias",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-TIES", assign_splits_ties, "tie-split",
+        "With assign=True (swap flag off) torch setattr's Parameter(value) into each slot, one "
+        "new object per key, so tied parameters come apart.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert m[0].weight is not m[1].weight",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-PATH", assign_replaces_own_data, "path-kept",
+        "With assign=True torch replaces a slot given its own data (state_dict()'s detached "
+        "alias): a new Parameter without the swap flag (an optimizer loses it), a swapped-in "
+        "TensorImpl with it.\n"
+        "m = torch.nn.Linear(2, 2); w = m.weight\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert m.weight is not w",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-ROUND-TRIP", round_trip_assign_replaces, "changed",
+        "Loading state_dict() back with assign=True (swap flag off) puts new objects in every "
+        "slot: Parameter(detached alias) for parameters, the alias itself for buffers.\n"
+        "m = torch.nn.BatchNorm1d(2); w, mean = m.weight, m.running_mean\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert m.weight is not w and m.running_mean is not mean",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-IDENTITY", swap_loses_identity, ("class", "attributes", "grad", "tensor-hooks"),
+        "On the swap path swap_tensors swaps __class__, __dict__ and the TensorImpl (with its "
+        "autograd meta) with a fresh Parameter(module_load(...)): a Parameter subclass becomes "
+        "Parameter, instance attributes, the grad and register_hook hooks are gone.\n"
+        "class P(torch.nn.Parameter): pass\n"
+        "m = torch.nn.Linear(2, 2); m.weight = P(m.weight.detach()); m.weight.tag = 1\n"
+        "m(torch.ones(1, 2)).sum().backward(); m.weight.register_hook(print)\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(m.state_dict())\n"
+        "assert type(m.weight) is torch.nn.Parameter and m.weight.grad is None\n"
+        "assert not hasattr(m.weight, 'tag')",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-ROUND-TRIP", round_trip_swap_loses_identity, "changed",
+        "Loading state_dict() back under the swap flag loses a Parameter subclass's class, its "
+        "instance attributes and the grad (see the LOAD-IDENTITY deviation).\n"
+        "m = torch.nn.Linear(2, 2); m(torch.ones(1, 2)).sum().backward()\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(m.state_dict())\n"
+        "assert m.weight.grad is None",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-ROUND-TRIP", uninitialized_refused, "raised",
+        "torch's assign and swap paths raise on an uninitialized (lazy) parameter given its own "
+        "state dict entry (Parameter() and module_load touch the uninitialized data).\n"
+        "m = torch.nn.LazyLinear(2)\n"
+        "m.load_state_dict(m.state_dict(), assign=True)  # RuntimeError: ... uninitialized",
+        TORCH_SEEN),
+)
