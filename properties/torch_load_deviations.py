@@ -11,12 +11,9 @@ from typing import Any
 
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
-from torch.nn.utils.prune import BasePruningMethod
-from torch.nn.utils.spectral_norm import SpectralNorm
-from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.common import refused_by_swap
+from swapspec.properties.common import _swappable
 from swapspec.properties.deviations import Deviation
 from swapspec.properties.load_examples import (
     conflicting_groups,
@@ -25,6 +22,7 @@ from swapspec.properties.load_examples import (
     is_own_data,
     key_model,
 )
+from swapspec.strategies import tree_info
 
 TORCH_SEEN = ("2.13.0", None)
 
@@ -42,36 +40,34 @@ def _written(example: Any) -> list[tuple[str, Tensor, Any]]:
             if isinstance(own.get(k), Tensor) and fits(own[k], v)]
 
 
-def refused_sources(module: nn.Module) -> set[int]:
-    """Parameters an old-style reparametrization's computed attribute holds in its autograd
-    graph (weight_norm's ``_g``/``_v``, spectral_norm's and prune's ``_orig``): torch's
-    ``swap_tensors`` refuses them (a use count of 3)."""
-    out: set[int] = set()
-    for m in module.modules():
-        for hook in m._forward_pre_hooks.values():
-            if not isinstance(hook, (WeightNorm, SpectralNorm, BasePruningMethod)):
-                continue
-            name = getattr(hook, "name", None) or getattr(hook, "_tensor_name", "")
-            computed = m.__dict__.get(name)
-            if isinstance(computed, Tensor) and computed.grad_fn is not None:
-                for suffix in ("_g", "_v", "_orig"):
-                    p = m._parameters.get(name + suffix)
-                    if p is not None:
-                        out.add(id(p))
-    return out
+def torch_refused(example: Any) -> set[int]:
+    """Ids of the module's parameters ``swap_tensors`` refuses now, probed on a fresh build of
+    the tree (the build replays its training): an old-style reparametrization's computed
+    attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
+    spectral_norm's and prune's ``_orig``; a ``backward()`` frees it), or a grad's graph.
+    Cached on the example."""
+    cached = example.__dict__.get("_torch_refused")
+    if cached is None:
+        cached = example.__dict__["_torch_refused"] = _probe_refused(example.module)
+    return cached
 
 
-def _all_refused(module: nn.Module) -> set[int]:
-    """``refused_sources``, and parameters whose grad's graph holds them (``refused_by_swap``)."""
+def _probe_refused(module: nn.Module) -> set[int]:
+    info = tree_info(module)
+    if info is None:
+        return set()
+    copy = info.build()
+    refused = {name for name, p in copy.named_parameters(remove_duplicate=False)
+               if not is_lazy(p) and not _swappable(p)}
     named = dict(module.named_parameters(remove_duplicate=False))
-    return refused_sources(module) | {id(named[n]) for n in refused_by_swap(module)}
+    return {id(named[n]) for n in refused if n in named}
 
 
 def swap_refused_by_torch(example: Any) -> bool:
     """Under the swap flag, torch refuses a written parameter an old-style reparametrization holds."""
     if not example.load.swap:
         return False
-    refused = refused_sources(example.module)
+    refused = torch_refused(example)
     return any(id(slot) in refused for _, slot, _ in _written(example))
 
 
@@ -92,7 +88,7 @@ def writes_before_failing(example: Any) -> bool:
     a swap (a new TensorImpl, unless torch refuses it and the value is the slot's own), an
     assign (a new object in the slot), or a copy of other values."""
     load = example.load
-    refused = _all_refused(example.module) if load.swap else set()
+    refused = torch_refused(example) if load.swap else set()
     for _, slot, value in _written(example):
         if load.swap and (id(slot) not in refused or not equal_values(slot.detach(), value)):
             return True
@@ -173,6 +169,18 @@ def assign_replaces_own_data(example: Any) -> bool:
 def round_trip_assign_replaces(example: Any) -> bool:
     return example.load.assign and not example.load.swap and bool(_tensor_slots(example)) \
         and not _has_uninitialized(example)
+
+
+def swapped_twice(example: Any) -> bool:
+    """Under the swap flag torch swaps a tensor once per key that reaches it (tied names, a
+    shared submodule's paths): the second swap can put a TensorImpl at the address the first
+    one freed, so ``_cdata`` reads as kept."""
+    if not example.load.swap:
+        return False
+    counts: dict[int, int] = {}
+    for _, slot, _ in _written(example):
+        counts[id(slot)] = counts.get(id(slot), 0) + 1
+    return any(n > 1 for n in counts.values())
 
 
 def _tensor_slots(example: Any) -> list[Tensor]:
@@ -292,6 +300,16 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m.weight is not w",
         TORCH_SEEN),
+    Deviation(
+        "LOAD-PATH", swapped_twice, "path-swap", always=False, reason=
+        "Under the swap flag torch swaps a tensor reached by two keys twice; the TensorImpl the "
+        "first swap freed can be reused by the second, so the parameter ends with its old "
+        "_cdata (allocator-dependent).\n"
+        "m = torch.nn.BatchNorm1d(2); m.running_var = m.running_mean\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "c = m.running_mean._cdata; m.load_state_dict(m.state_dict())\n"
+        "print(m.running_mean._cdata == c)  # sometimes True",
+        torch_versions=TORCH_SEEN),
     Deviation(
         "LOAD-ROUND-TRIP", round_trip_assign_replaces, "changed",
         "Loading state_dict() back with assign=True (swap flag off) puts new objects in every "
