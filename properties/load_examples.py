@@ -92,11 +92,23 @@ class KeyModel:
 
 def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
     own = module.state_dict(keep_vars=True)
-    missing = [k for k in own if k not in given]
+    filled = _filled_by_overrides(module, given)
+    missing = [k for k in own if k not in given and k not in filled]
     unexpected = [k for k in given if k not in own]
     bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
     fitting = {k: v for k, v in given.items() if k not in bad}
     return KeyModel(missing, unexpected, bad, conflicting_groups(module, fitting))
+
+
+def _filled_by_overrides(module: nn.Module, given: dict[str, Any]) -> set[str]:
+    """Keys a class's ``_load_from_state_dict`` puts in when absent: a batch norm's
+    ``num_batches_tracked`` (a state dict without version metadata predates it)."""
+    if getattr(given, "_metadata", None) is not None:
+        return set()
+    return {f"{path}.num_batches_tracked" if path else "num_batches_tracked"
+            for path, m in module.named_modules(remove_duplicate=False)
+            if isinstance(m, nn.modules.batchnorm._NormBase)
+            and m._buffers.get("num_batches_tracked") is not None}
 
 
 def swap_refused(module: nn.Module) -> bool:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.common import _swappable
 from swapspec.properties.deviations import Deviation
+from swapspec.properties.examples import named_tensors
 from swapspec.properties.load_examples import (
     conflicting_groups,
     equal_values,
@@ -41,11 +43,11 @@ def _written(example: Any) -> list[tuple[str, Tensor, Any]]:
 
 
 def torch_refused(example: Any) -> set[int]:
-    """Ids of the module's parameters ``swap_tensors`` refuses now, probed on a fresh build of
-    the tree (the build replays its training): an old-style reparametrization's computed
-    attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
-    spectral_norm's and prune's ``_orig``; a ``backward()`` frees it), or a grad's graph.
-    Cached on the example."""
+    """Ids of the module's parameters and buffers ``swap_tensors`` refuses now, probed on a
+    fresh build of the tree (the build replays its training): an old-style reparametrization's
+    computed attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
+    spectral_norm's and prune's ``_orig``, prune's mask; a ``backward()`` frees it), or a
+    grad's graph. Cached on the example."""
     cached = example.__dict__.get("_torch_refused")
     if cached is None:
         cached = example.__dict__["_torch_refused"] = _probe_refused(example.module)
@@ -57,10 +59,23 @@ def _probe_refused(module: nn.Module) -> set[int]:
     if info is None:
         return set()
     copy = info.build()
-    refused = {name for name, p in copy.named_parameters(remove_duplicate=False)
-               if not is_lazy(p) and not _swappable(p)}
-    named = dict(module.named_parameters(remove_duplicate=False))
+    refused = {name for name, t in named_tensors(copy).items()
+               if not is_lazy(t) and not _swappable_now(t)}
+    named = named_tensors(module)
     return {id(named[n]) for n in refused if n in named}
+
+
+def _swappable_now(t: Tensor) -> bool:
+    """Whether ``swap_tensors`` takes ``t`` (swapped with a copy and straight back)."""
+    if isinstance(t, nn.Parameter):
+        return _swappable(t)
+    probe = t.detach().clone()
+    try:
+        torch.utils.swap_tensors(t, probe)
+    except RuntimeError:
+        return False
+    torch.utils.swap_tensors(t, probe)
+    return True
 
 
 def swap_refused_by_torch(example: Any) -> bool:
@@ -159,11 +174,22 @@ def assign_replaces_own_data(example: Any) -> bool:
     """With ``assign``, torch replaces a slot given its own data: a new Parameter (or the
     detached alias as the buffer) without swap, a swapped-in TensorImpl with it."""
     load = example.load
-    if not load.assign:
+    if not load.assign or swap_refused_by_torch(example):
         return False
     given = load.state_dict
-    return any(is_own_data(slot, given[key]) and (load.swap or given[key] is not slot)
-               for key, slot in first_keys(example).items())
+    for key, slot in first_keys(example).items():
+        if not is_own_data(slot, given[key]):
+            continue
+        same_slot = [k for k in given if _slot_of(example.module, k) == _slot_of(example.module, key)]
+        if load.swap or any(given[k] is not slot for k in same_slot):
+            return True  # torch's last write into that slot puts in another object
+    return False
+
+
+def _slot_of(module: nn.Module, key: str) -> tuple[int, str]:
+    prefix, _, name = key.rpartition(".")
+    owner = module.get_submodule(prefix) if prefix else module
+    return id(owner), name
 
 
 def round_trip_assign_replaces(example: Any) -> bool:
