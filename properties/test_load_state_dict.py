@@ -1,7 +1,7 @@
 """Properties of ``load_state_dict`` under the swap flag: one rule per test.
 
 Origins: pytorch #113000 (the swap flag reaches ``load_state_dict`` through ``module_load`` and
-``swap_tensors``), #96161 (``assign=True`` for ``meta`` models), the ``Tensor.module_load``
+``swap_tensors``), ``assign=True`` for ``meta`` models, the ``Tensor.module_load``
 extension point (tensor subclasses).
 """
 
@@ -91,8 +91,8 @@ def test_load_path(target, drawn):
     and its TensorImpl, assign puts the value in the slot, swap keeps the object with a new
     TensorImpl; with ``assign``, a value that is the slot's own data leaves it as it is.
 
-    Origin: pytorch #113000 (``module_load`` and ``swap_tensors`` under the swap flag), #96161
-    (``assign``).
+    Origin: pytorch #113000 (``module_load`` and ``swap_tensors`` under the swap flag), and
+    ``load_state_dict``'s ``assign`` argument (loading into ``meta`` models).
     """
     module, load = drawn
     assume(_succeeds(module, load))
@@ -135,8 +135,8 @@ def test_load_values(target, drawn):
     """After a load every slot holds its key's value: cast to the slot's dtype and device on the
     copy and swap paths, the value's own with ``assign``.
 
-    Origin: the contract of ``nn.Module.load_state_dict`` (``assign`` keeps the state dict's
-    tensor properties, pytorch #96161).
+    Origin: the contract of ``nn.Module.load_state_dict`` (its documentation: ``assign=True``
+    keeps the state dict's tensor properties, ``requires_grad`` apart).
     """
     module, load = drawn
     assume(_succeeds(module, load))
@@ -177,8 +177,8 @@ def test_load_keys(target, module, data):
     is not a tensor or has another shape, tied names get different values, or (with
     ``strict``) keys are missing or unexpected; each reason is named in the message.
 
-    Origin: ``nn.Module.load_state_dict``'s return value and errors (pytorch #3367 for
-    ``strict``, #7386 for the unexpected keys of submodules).
+    Origin: ``nn.Module.load_state_dict``'s documented return value and errors (``strict``,
+    missing and unexpected keys, size mismatches).
     """
     load = data.draw(state_dicts(module, kinds=SAFE_KINDS), label="load")
     assume(not (load.swap and swap_refused(module)))
@@ -248,8 +248,8 @@ def test_load_ties(target, module, data):
     """Names that held one tensor before a load hold one tensor after, on every path; tied
     names given different values raise torch's ``RuntimeError`` and change nothing.
 
-    Origin: weight tying (pytorch #86708 for ``functional_call``; tied embeddings of language
-    models), ``assign=True`` puts a new Parameter into each slot.
+    Origin: weight tying (tied embeddings of language models; pytorch #86708 for
+    ``functional_call``); with ``assign=True`` torch puts a new Parameter into each slot.
     """
     load = data.draw(state_dicts(module, kinds=SAFE_KINDS, invalid=False), label="load")
     groups = _slot_ties(module)
