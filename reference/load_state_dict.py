@@ -92,7 +92,8 @@ def load_state_dict(
        <Class>:\\n\\t...")``. Without ``strict`` the keys are only returned.
     8. Atomic (*spec*, ``_Snapshot`` and ``_Load.undo``): on any error (the ``RuntimeError`` of
        rule 7, or whatever a hook or an override raises) every change is undone before the error
-       propagates unchanged: swaps are swapped back, then every slot gets its old object back
+       propagates unchanged: swaps are swapped back, slots added meanwhile are removed, then
+       every slot gets its old object back
        (through ``setattr`` for parameters, so an RNN's flat weights follow) and every tensor its
        class, attributes, ``.data``, values, ``requires_grad`` and grad, ``set_extra_state`` gets
        the old extra state, and a given Parameter gets its ``requires_grad`` back. Side effects of
@@ -538,6 +539,12 @@ class _Snapshot:
                    [_TensorState.of(t) for t in tensors.values()])
 
     def restore(self) -> None:
+        known = {(id(m), registry, key) for m, registry, key, _ in self.slots}
+        for m, _ in self.non_persistent:
+            for registry in ("_parameters", "_buffers"):
+                table = getattr(m, registry)
+                for key in [k for k in table if (id(m), registry, k) not in known]:
+                    del table[key]  # a slot a hook or an override added
         for m, registry, key, value in self.slots:
             if getattr(m, registry).get(key, _ABSENT) is not value:
                 _put(m, registry, key, value)

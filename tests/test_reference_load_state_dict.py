@@ -573,3 +573,39 @@ def test_rule6_values_are_compared_as_given(swap, assign):
     text = error_of(lambda: load(module, given, swap=swap, assign=assign))
     assert 'tied names "enc.weight" and "dec.weight"' in text
     assert_unchanged(before, module)
+
+
+class Marked(nn.Parameter):
+    """A Parameter subclass a hook may turn a parameter into."""
+
+
+def meddling_pre_hook(module, state_dict, prefix, *rest):
+    """Changes everything a hook can change on the module's tensors, before the load fails."""
+    weight = module.weight
+    weight.__class__ = Marked
+    weight.note = "added"
+    weight.requires_grad_(False)
+    weight.grad = None
+    with torch.no_grad():
+        module.bias.add_(5)
+    module.running.data = torch.zeros(7)
+    module._parameters["extra"] = nn.Parameter(torch.ones(1))
+    module._non_persistent_buffers_set.add("running")
+    module._parameters["weight"] = nn.Parameter(torch.zeros(3, 3))
+
+
+def test_rule8_rollback_undoes_what_hooks_did_to_tensors_and_slots():
+    module = linear()
+    module.register_buffer("running", torch.arange(3.0))
+    fill_grads(module)
+    weight, grad = module.weight, module.weight.grad
+    running_data = module.running.data
+    module.register_load_state_dict_pre_hook(meddling_pre_hook)
+    before = snapshot(module)
+    given = {"weight": torch.ones(3, 3), "bias": torch.zeros(9), "running": torch.ones(3)}
+    error_of(lambda: load(module, given))
+    assert module._parameters["weight"] is weight and type(weight) is nn.Parameter
+    assert "note" not in weight.__dict__ and weight.requires_grad and weight.grad is grad
+    assert module.running.data.data_ptr() == running_data.data_ptr()
+    assert "extra" not in module._parameters and "running" not in module._non_persistent_buffers_set
+    assert_unchanged(before, module)
