@@ -609,3 +609,35 @@ def test_rule8_rollback_undoes_what_hooks_did_to_tensors_and_slots():
     assert module.running.data.data_ptr() == running_data.data_ptr()
     assert "extra" not in module._parameters and "running" not in module._non_persistent_buffers_set
     assert_unchanged(before, module)
+
+
+def test_rule4_assign_into_a_frozen_parameter_keeps_it_frozen():
+    module = linear()
+    module.weight.requires_grad_(False)
+    load(module, {"weight": torch.ones(3, 3), "bias": torch.ones(3)}, assign=True)
+    assert isinstance(module.weight, nn.Parameter) and not module.weight.requires_grad
+    assert module.bias.requires_grad
+
+
+def test_rule4_assign_updates_an_rnns_flat_weights():
+    module = nn.LSTM(2, 2)
+    load(module, shifted(module), assign=True)
+    names = module._flat_weights_names
+    assert all(w is getattr(module, n) for w, n in zip(module._flat_weights, names, strict=True))
+
+
+def emptying_pre_hook(module, state_dict, prefix, *rest):
+    module._parameters["bias"] = None
+    module._buffers["running"] = torch.full((3,), 9.0)
+
+
+def test_rule8_rollback_puts_back_none_and_rebound_slots():
+    module = linear()
+    module.register_buffer("running", torch.arange(3.0))
+    bias, running = module.bias, module.running
+    module.register_load_state_dict_pre_hook(emptying_pre_hook)
+    before = snapshot(module)
+    error_of(lambda: load(module, {"weight": torch.ones(2), "running": torch.ones(3)},
+                          strict=False))
+    assert module.bias is bias and module.running is running
+    assert_unchanged(before, module)
