@@ -15,7 +15,8 @@ from collections.abc import Iterator
 PROPERTY_MODULES = ("swapspec.properties.test_apply", "swapspec.properties.test_apply_training",
                     "swapspec.properties.test_functional_call",
                     "swapspec.properties.test_together", "swapspec.properties.test_xla",
-                    "swapspec.properties.test_sequences")
+                    "swapspec.properties.test_sequences",
+                    "swapspec.properties.test_load_state_dict")
 
 
 def properties() -> Iterator[tuple[str, str, str]]:

@@ -91,6 +91,7 @@ class Example:
     recurse: bool = True
     refused: str | None = None  # a parameter (``"a.weight"``) or grad (``"a.weight.grad"``) held by a weakref
     earlier: tuple[Any, ...] = ()  # conversions applied (same flags) before ``conversion``
+    load: Any = None  # a ``strategies.state_dicts.LoadInput`` for the LOAD- properties
     facts: frozenset[str] = field(default=frozenset(), init=False)
     names_before: dict[str, Tensor] = field(default_factory=dict, init=False)
     tensors_before: Any = field(default=None, init=False)  # the call's mappings, before write-back

@@ -24,9 +24,13 @@ XLA = (
     "XLA-SET-DATA-REFUSED", "XLA-STATE",
 )
 SEQUENCES = ("SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER", "SEQ-STATE")
+LOAD = (
+    "LOAD-ATOMIC", "LOAD-IDENTITY", "LOAD-KEYS", "LOAD-PATH", "LOAD-ROUND-TRIP", "LOAD-TIES",
+    "LOAD-VALUES",
+)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
-    "sequences": SEQUENCES,
+    "sequences": SEQUENCES, "load_state_dict": LOAD,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 

@@ -192,6 +192,15 @@ def target_section(target: Any) -> list[str]:
             "    with warnings.catch_warnings():",
             "        warnings.simplefilter('ignore', FutureWarning)",
             f"        return {fc}(module, tensors, args, kwargs, **keywords)",
+            "",
+            "def target_load_state_dict(module, state_dict, strict, assign, swap):",
+            "    \"\"\"nn.Module.load_state_dict under torch.__future__'s swap flag.\"\"\"",
+            "    saved = torch.__future__.get_swap_module_params_on_conversion()",
+            "    torch.__future__.set_swap_module_params_on_conversion(swap)",
+            "    try:",
+            "        return module.load_state_dict(state_dict, strict=strict, assign=assign)",
+            "    finally:",
+            "        torch.__future__.set_swap_module_params_on_conversion(saved)",
         ]
     else:
         lines += [
@@ -201,6 +210,9 @@ def target_section(target: Any) -> list[str]:
             "",
             "def target_functional_call(module, tensors, args, kwargs, **keywords):",
             "    return target.functional_call(module, tensors, args, kwargs, **keywords)",
+            "",
+            "def target_load_state_dict(module, state_dict, strict, assign, swap):",
+            "    return target.load_state_dict(module, state_dict, strict=strict, assign=assign, swap=swap)",
         ]
     return [*lines, SECTION_END]
 
@@ -425,3 +437,35 @@ def retargeted(script: str, target: Any) -> str:
     end = lines.index(SECTION_END)
     return "\n".join([*lines[:start], *target_section(target), *lines[end + 1:]]) + "\n"
 
+def load_repro(example: Any, target: Any, violations: list[Violation], *, verify: bool = True) -> str:
+    """A script that loads the example's state dict into its module on ``target`` and shows the
+    broken rule. Values that are the module's own tensors are named by slot."""
+    load = example.load
+    named = example.names_before
+    own: dict[int, str] = {}
+    for name, t in named.items():
+        own.setdefault(id(t), f"before[{name!r}]")
+    values = ", ".join(f"{k!r}: {_load_value_code(v, own, named.get(k))}"
+                       for k, v in load.state_dict.items())
+    body = ["module = build_module()", "before = named(module)", "snap = snapshot(module)",
+            f"state_dict = {{{values}}}",
+            "given = dict(state_dict)",
+            "known = labels(snap, given)",
+            f"out = outcome(lambda: target_load_state_dict(module, state_dict, strict={load.strict}, "
+            f"assign={load.assign}, swap={load.swap}))",
+            "if isinstance(out, Exception):",
+            "    print('raised', type(out).__name__, out)",
+            "after = named(module)",
+            "observed = {**state(module, snap, given), 'output': describe(out, known)}"]
+    return _script(example.module, target, body, violations, verify)
+
+
+def _load_value_code(value: Any, own: dict[int, str], slot: Any) -> str:
+    """The module's own tensor by name, its detached alias, a TwoTensor, or a value."""
+    if isinstance(value, Tensor) and id(value) in own:
+        return own[id(value)]
+    if isinstance(value, Tensor) and slot is not None and value is not slot and \
+            id(slot) in own and value.device == slot.device and not slot.is_meta and \
+            value.dtype == slot.dtype and torch._C._is_alias_of(value, slot):
+        return f"{own[id(slot)]}.detach()"
+    return _value_code(value, own)

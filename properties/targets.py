@@ -11,6 +11,9 @@ and optionally the data the suite reads next to it:
 - ``skips``: a mapping ``{property_id: reason}`` of properties that do not apply to it;
 - ``call_forms``: the ``tensors`` forms its ``functional_call`` takes (default: a dict, and
   tuples of dicts); the properties draw only these;
+- ``load_state_dict(module, state_dict, *, strict=True, assign=False, swap: bool)``, returning
+  torch's ``(missing_keys, unexpected_keys)`` named tuple; without it the ``LOAD-`` properties
+  are skipped for the target.
 - ``lacks``: names from ``FEATURES`` it does not implement, beyond the callables it simply
   does not have (e.g. ``{"tie_weights", "strict"}`` for a ``functional_call`` without those
   keywords; ``tuple_inputs`` follows from ``call_forms``);
@@ -52,6 +55,7 @@ from torch import nn
 from swapspec import reference
 from swapspec.properties.deviations import Deviation
 from swapspec.properties.torch_deviations import STATELESS_DEVIATIONS, TORCH_DEVIATIONS
+from swapspec.properties.torch_load_deviations import LOAD_DEVIATIONS
 from swapspec.properties.xla_deviations import XLA_DEVIATIONS
 
 BUILTIN_NAMES = ("reference", "torch", "torch-stateless")
@@ -119,6 +123,7 @@ class Target:
         """The keywords to pass to ``functional_call``: only those the target takes."""
         wanted = {"tie_weights": tie_weights, "strict": strict}
         return {k: v for k, v in wanted.items() if self.has(k)}
+    load_state_dict: Callable[..., Any] | None = None
 
     @property
     def selector(self) -> str:
@@ -152,6 +157,19 @@ def torch_apply(
         future.set_swap_module_params_on_conversion(saved[1])
 
 
+def torch_load_state_dict(module: nn.Module, state_dict, *, strict: bool = True,
+                          assign: bool = False, swap: bool) -> Any:
+    """``module.load_state_dict(state_dict, strict, assign)`` with ``torch.__future__``'s swap
+    flag set for the call and restored in ``finally``."""
+    future = torch.__future__
+    saved = future.get_swap_module_params_on_conversion()
+    try:
+        future.set_swap_module_params_on_conversion(swap)
+        return module.load_state_dict(state_dict, strict=strict, assign=assign)
+    finally:
+        future.set_swap_module_params_on_conversion(saved)
+
+
 def stateless_functional_call(module, tensors, args=(), kwargs=None, *, tie_weights=True,
                               strict=False):
     """``torch.nn.utils.stateless.functional_call``, its FutureWarning silenced."""
@@ -173,12 +191,15 @@ def builtin_target(name: str) -> Target:
         return dataclasses.replace(from_object(reference), exact_messages=True)
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS, exact_messages=True)
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + LOAD_DEVIATIONS,
+                      load_state_dict=torch_load_state_dict, exact_messages=True)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS,
+                      deviations=(TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS
+                                  + LOAD_DEVIATIONS),
                       skips=STATELESS_SKIPS,
-                      call_forms=("dict",), exact_messages=True)
+                      call_forms=("dict",), load_state_dict=torch_load_state_dict,
+                      exact_messages=True)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 

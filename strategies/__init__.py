@@ -20,6 +20,7 @@ from swapspec.strategies.conversions import (
 from swapspec.strategies.devices import detected_devices, xla_device
 from swapspec.strategies.host_modules import HostModule, host_trees
 from swapspec.strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
+from swapspec.strategies.state_dicts import LoadInput, state_dicts
 from swapspec.strategies.tree_draws import module_trees, tree_specs
 from swapspec.strategies.trees import TreeInfo, TreeSpec, build_tree, tree_info
 
@@ -32,6 +33,7 @@ __all__ = [
     "FlagSetting",
     "ForwardError",
     "HostModule",
+    "LoadInput",
     "Observation",
     "TaggedParameter",
     "TreeInfo",
@@ -44,6 +46,7 @@ __all__ = [
     "forward_inputs",
     "host_trees",
     "module_trees",
+    "state_dicts",
     "tree_info",
     "tree_specs",
     "value_changing_conversions",

@@ -1,7 +1,8 @@
 """Measure the reach of the strategies: how often each feature tag shows up in a fixed-seed sample.
 
 ``python -m strategies.reach [N]`` prints Markdown tables (feature, frequency) for N trees (default 1000),
-N catalogue-rich trees (:data:`CATALOGUE_REACH_CHANCE`), N conversions and N call inputs, and the time taken
+N catalogue-rich trees (:data:`CATALOGUE_REACH_CHANCE`), N conversions, N call inputs and N load_state_dict
+inputs, and the time taken
 to draw and build the N trees.
 """
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from swapspec.strategies.calls import call_inputs, flag_settings
 from swapspec.strategies.conversions import conversions
+from swapspec.strategies.state_dicts import state_dicts
 from swapspec.strategies.tree_draws import module_trees, tree_specs
 from swapspec.strategies.trees import spec_features, tree_info
 
@@ -84,7 +86,13 @@ def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
     return sample(pairs, n, lambda c: c.features)
 
 
+def load_reach(n: int) -> list[frozenset[str]]:
+    """Feature sets of ``n`` load_state_dict inputs, each for a freshly drawn tree."""
+    return sample(module_trees().flatmap(state_dicts), n, lambda c: c.features)
+
+
 LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding", "wrapper: ", "world: ")
+
 
 
 def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
@@ -150,7 +158,8 @@ def main(argv: list[str]) -> None:
     steps, lengths = sequence_reach(n // 10)
     print(table(f"sequence step ({n // 10} sequences on the reference)", frequencies(steps)), "\n")
     print(table("sequence length (steps after the build)",
-                frequencies([frozenset({f"{k} steps"}) for k in lengths])))
+                frequencies([frozenset({f"{k} steps"}) for k in lengths])), "\n")
+    print(table(f"load feature ({n} draws)", frequencies(load_reach(n))))
 
 
 if __name__ == "__main__":

@@ -477,7 +477,7 @@ def test_exported_property_ids_are_exactly_the_catalogue():
     assert len(set(ids.ALL)) == len(ids.ALL)
     for family, members in ids.FAMILIES.items():
         prefix = {"apply": "APPLY-", "functional_call": "FC-", "together": "TOGETHER-", "xla": "XLA-",
-                  "sequences": "SEQ-"}
+                  "sequences": "SEQ-", "load_state_dict": "LOAD-"}
         assert all(m.startswith(prefix[family]) for m in members), family
 
 

@@ -67,7 +67,7 @@ def test_zoo_declarations() -> None:
     for name in ZOO:
         zoo = zoo_module(name)
         assert zoo.ORIGIN and zoo.CAUGHT_BY and zoo.PATHS, name
-        assert all(pid.startswith(("APPLY-", "FC-", "TOGETHER-")) for pid in zoo.CAUGHT_BY)
+        assert all(pid.startswith(("APPLY-", "FC-", "TOGETHER-", "LOAD-")) for pid in zoo.CAUGHT_BY)
         assert zoo.target.name.startswith("zoo-"), name
 
 

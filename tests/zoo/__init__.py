@@ -1,4 +1,5 @@
-"""The zoo: targets that each reimplement one historical bug of ``_apply`` or ``functional_call``.
+"""The zoo: targets that each reimplement one historical bug of ``_apply``, ``functional_call``
+or ``load_state_dict``.
 
 Rules every zoo module follows:
 
@@ -33,6 +34,8 @@ ZOO = (
     "no_finally",
     "tuple_write_back_lost",
     "shared_slot_restore",
+    "load_ignores_swap_flag",
+    "load_commit_as_you_go",
 )
 
 # Targets correct on every one-shot property and wrong only in sequence (tests/test_zoo_sequences.py);
@@ -47,15 +50,18 @@ SEQUENCE_ZOO_SLOW = ("memo_across_calls",)
 
 APPLY_PATHS = ("properties/test_apply.py", "properties/test_together.py")
 FC_PATHS = ("properties/test_functional_call.py", "properties/test_together.py")
+LOAD_PATHS = ("properties/test_load_state_dict.py",)
 
 
 @dataclass(frozen=True)
 class ZooTarget:
-    """A swapspec target (``name``, ``apply``, ``functional_call``) carrying one known bug."""
+    """A swapspec target (``name``, ``apply``, ``functional_call``, optionally
+    ``load_state_dict``) carrying one known bug."""
 
     name: str
     apply: Callable[..., Any]
     functional_call: Callable[..., Any]
+    load_state_dict: Callable[..., Any] | None = None
 
 
 def zoo_module(name: str) -> ModuleType:

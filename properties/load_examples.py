@@ -1,0 +1,207 @@
+"""Facts about a drawn ``load_state_dict`` example, read by the LOAD- properties and by deviation
+predicates. Each is computed from the module and the drawn input before the target runs."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from swapspec.properties.examples import Example, named_tensors, slots
+
+
+def own_keys(module: nn.Module) -> list[str]:
+    """The keys ``module.state_dict()`` has, in its order."""
+    return list(module.state_dict(keep_vars=True))
+
+
+def is_own_data(slot: Tensor, value: Any) -> bool:
+    """``value`` is the slot itself, or a detached alias of its data with its layout (what
+    ``state_dict()`` gives)."""
+    if value is slot:
+        return True
+    if not isinstance(value, Tensor) or is_lazy(slot) or is_lazy(value):
+        return False
+    if type(value.detach()) is not type(slot.detach()):
+        return False
+    same = (value.dtype, value.shape, value.device) == (slot.dtype, slot.shape, slot.device)
+    return same and value.stride() == slot.stride() and \
+        value.storage_offset() == slot.storage_offset() and bool(torch._C._is_alias_of(value, slot))
+
+
+def equal_values(a: Any, b: Any) -> bool:
+    """Both the same object, or tensors of one kind with equal dtype, shape, device and values."""
+    if a is b:
+        return True
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or is_lazy(a) or is_lazy(b):
+        return False
+    if type(a.detach()) is not type(b.detach()):
+        return False
+    if (a.dtype, a.shape, a.device) != (b.dtype, b.shape, b.device):
+        return False
+    return a.is_meta or bool(torch.equal(a.detach(), b.detach()))
+
+
+def groups_by_object(module: nn.Module) -> list[list[str]]:
+    """Every key of the state dict, grouped by the tensor object its slot holds."""
+    groups: dict[int, list[str]] = {}
+    for key, t in module.state_dict(keep_vars=True).items():
+        if isinstance(t, Tensor):
+            groups.setdefault(id(t), []).append(key)
+    return list(groups.values())
+
+
+def conflicting_groups(module: nn.Module, given: dict[str, Any]) -> list[list[str]]:
+    """Groups whose given keys carry values that are not all equal (LOAD-TIES' conflict)."""
+    out = []
+    for keys in groups_by_object(module):
+        values = [given[k] for k in keys if k in given and isinstance(given[k], Tensor)]
+        if any(not equal_values(v, values[0]) for v in values[1:]):
+            out.append(keys)
+    return out
+
+
+def fits(slot: Tensor, value: Any) -> bool:
+    """A tensor-like value of the slot's shape (a ``(1,)`` value fits a 0-dim slot)."""
+    if not torch.overrides.is_tensor_like(value):
+        return False
+    if is_lazy(slot):
+        return True
+    shape = tuple(value.shape)
+    return shape == tuple(slot.shape) or (slot.dim() == 0 and shape == (1,))
+
+
+@dataclass
+class KeyModel:
+    """What a load of ``given`` must report: torch's missing and unexpected keys, bad values."""
+
+    missing: list[str]
+    unexpected: list[str]
+    bad_values: list[str]
+    conflicts: list[list[str]]
+
+    def fails(self, strict: bool) -> bool:
+        return bool(self.bad_values or self.conflicts or (strict and (self.missing
+                                                                       or self.unexpected)))
+
+
+def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
+    own = module.state_dict(keep_vars=True)
+    filled = _filled_by_overrides(module, given)
+    missing = [k for k in own if k not in given and k not in filled]
+    unexpected = [k for k in given if k not in own]
+    bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
+    fitting = {k: v for k, v in given.items() if k not in bad}
+    return KeyModel(missing, unexpected, bad, conflicting_groups(module, fitting))
+
+
+def _filled_by_overrides(module: nn.Module, given: dict[str, Any]) -> set[str]:
+    """Keys a class's ``_load_from_state_dict`` puts in when absent: a batch norm's
+    ``num_batches_tracked`` (a state dict without version metadata predates it)."""
+    if getattr(given, "_metadata", None) is not None:
+        return set()
+    return {f"{path}.num_batches_tracked" if path else "num_batches_tracked"
+            for path, m in module.named_modules(remove_duplicate=False)
+            if isinstance(m, nn.modules.batchnorm._NormBase)
+            and m._buffers.get("num_batches_tracked") is not None}
+
+
+def swap_refused(module: nn.Module) -> bool:
+    """Some parameter or buffer ``swap_tensors`` refuses: a weak reference to it (an RNN's flat
+    weights), or a grad carrying an autograd graph that can hold the parameter."""
+    tensors = {id(t): t for t in named_tensors(module).values()}.values()
+    if any(weakref.getweakrefs(t) for t in tensors):
+        return True
+    return any(isinstance(t, nn.Parameter) and t.grad is not None and t.grad.grad_fn is not None
+               for t in tensors)
+
+
+def meta_into_real(module: nn.Module, given: dict[str, Any]) -> bool:
+    """A ``meta`` value given for a real slot: copying out of meta fails on the copy and swap
+    paths (``assign`` puts it in)."""
+    own = module.state_dict(keep_vars=True)
+    return any(isinstance(v, Tensor) and v.is_meta and isinstance(own.get(k), Tensor)
+               and not own[k].is_meta for k, v in given.items())
+
+
+@dataclass
+class TensorRecord:
+    """One tensor object before the load."""
+
+    obj: Tensor
+    cls: type
+    cdata: int
+    attributes: tuple[str, ...]
+    requires_grad: bool
+    grad: Tensor | None
+    dtype: torch.dtype
+    device: torch.device
+    values: Tensor | None
+
+
+def record(t: Tensor) -> TensorRecord:
+    readable = not is_lazy(t) and not t.is_meta
+    grad = t.grad if isinstance(t, nn.Parameter) else None
+    return TensorRecord(t, type(t), t._cdata, tuple(sorted(t.__dict__)), t.requires_grad, grad,
+                        t.dtype, t.device, t.detach().clone() if readable else None)
+
+
+@dataclass
+class LoadSnapshot:
+    """The module before the load: every slot's object and every tensor's record."""
+
+    slots: dict[str, Any]
+    tensors: dict[int, TensorRecord]
+
+
+def snapshot_for_load(module: nn.Module) -> LoadSnapshot:
+    table = slots(module)
+    return LoadSnapshot(table, {id(t): record(t) for t in table.values() if isinstance(t, Tensor)})
+
+
+def changes(before: LoadSnapshot, module: nn.Module) -> list[str]:
+    """What differs from ``before``: slot objects, and each tensor's class, TensorImpl,
+    attributes, requires_grad, grad, dtype, device and values."""
+    now = slots(module)
+    out = [f"slot {name!r} holds another object" for name, obj in before.slots.items()
+           if now.get(name, _ABSENT) is not obj]
+    out += [f"new slot {name!r}" for name in now if name not in before.slots]
+    for rec in before.tensors.values():
+        out += [f"{_name_of(before, rec)}: {what}" for what in _tensor_changes(rec)]
+    return out
+
+
+def _tensor_changes(rec: TensorRecord) -> list[str]:
+    t = rec.obj
+    checks = [
+        (type(t) is rec.cls, f"class {rec.cls.__name__} -> {type(t).__name__}"),
+        (t._cdata == rec.cdata, "TensorImpl replaced"),
+        (tuple(sorted(t.__dict__)) == rec.attributes, "instance attributes changed"),
+        (t.requires_grad == rec.requires_grad, "requires_grad changed"),
+        (not isinstance(t, nn.Parameter) or t.grad is rec.grad, "grad changed"),
+        ((t.dtype, t.device) == (rec.dtype, rec.device), "dtype or device changed"),
+    ]
+    out = [what for ok, what in checks if not ok]
+    if rec.values is not None and not out and not equal_values(t.detach(), rec.values):
+        out.append("values changed")
+    return out
+
+
+def _name_of(before: LoadSnapshot, rec: TensorRecord) -> str:
+    return next(n for n, o in before.slots.items() if o is rec.obj)
+
+
+_ABSENT = object()
+
+
+def load_example(module: nn.Module, load: Any) -> Example:
+    return Example(module, load=load)
+
+
+def wrapper_value(value: Any) -> bool:
+    return isinstance(value, Tensor) and is_traceable_wrapper_subclass(value)

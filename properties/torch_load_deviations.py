@@ -1,0 +1,376 @@
+"""Declared deviations of torch's ``nn.Module.load_state_dict`` from the ``LOAD-`` rules.
+
+Each was observed with the suite and reduced to a minimal plain-torch repro (in ``reason``).
+The predicates model torch's own decisions from the module and the drawn state dict before
+the call: which keys it writes, in which order, and what each path puts in a slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from swapspec.properties.common import _swappable
+from swapspec.properties.deviations import Deviation
+from swapspec.properties.examples import named_tensors
+from swapspec.properties.load_examples import (
+    conflicting_groups,
+    equal_values,
+    fits,
+    is_own_data,
+    key_model,
+)
+from swapspec.strategies import tree_info
+
+TORCH_SEEN = ("2.13.0", None)
+
+# ---- facts about torch's load_state_dict --------------------------------------------------
+
+
+def _own(example: Any) -> dict[str, Any]:
+    return example.module.state_dict(keep_vars=True)
+
+
+def _written(example: Any) -> list[tuple[str, Tensor, Any]]:
+    """(key, slot, value) for every key torch writes: a tensor-like value that fits its slot."""
+    own, given = _own(example), example.load.state_dict
+    return [(k, own[k], v) for k, v in given.items()
+            if isinstance(own.get(k), Tensor) and fits(own[k], v)]
+
+
+def torch_refused(example: Any) -> set[int]:
+    """Ids of the module's parameters and buffers ``swap_tensors`` refuses now, probed on a
+    fresh build of the tree (the build replays its training): an old-style reparametrization's
+    computed attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
+    spectral_norm's and prune's ``_orig``, prune's mask; a ``backward()`` frees it), or a
+    grad's graph. Cached on the example."""
+    cached = example.__dict__.get("_torch_refused")
+    if cached is None:
+        cached = example.__dict__["_torch_refused"] = _probe_refused(example.module)
+    return cached
+
+
+def _probe_refused(module: nn.Module) -> set[int]:
+    info = tree_info(module)
+    if info is None:
+        return set()
+    copy = info.build()
+    refused = {name for name, t in named_tensors(copy).items()
+               if not is_lazy(t) and not _swappable_now(t)}
+    named = named_tensors(module)
+    return {id(named[n]) for n in refused if n in named}
+
+
+def _swappable_now(t: Tensor) -> bool:
+    """Whether ``swap_tensors`` takes ``t`` (swapped with a copy and straight back)."""
+    if isinstance(t, nn.Parameter):
+        return _swappable(t)
+    probe = t.detach().clone()
+    try:
+        torch.utils.swap_tensors(t, probe)
+    except RuntimeError:
+        return False
+    torch.utils.swap_tensors(t, probe)
+    return True
+
+
+def swap_refused_by_torch(example: Any) -> bool:
+    """Under the swap flag, torch refuses a written parameter an old-style reparametrization holds."""
+    if not example.load.swap:
+        return False
+    refused = torch_refused(example)
+    return any(id(slot) in refused for _, slot, _ in _written(example))
+
+
+def refused_on_a_succeeding_load(example: Any) -> bool:
+    """The load would succeed, but torch refuses a swap (``swap_refused_by_torch``)."""
+    model = key_model(example.module, example.load.state_dict)
+    return swap_refused_by_torch(example) and not model.fails(example.load.strict)
+
+
+def refused_with_conflict(example: Any) -> bool:
+    """Tied names given different values, and torch raises for a refused swap after writing."""
+    return (swap_refused_by_torch(example) and bool(conflicting_groups(
+        example.module, example.load.state_dict)) and writes_before_failing(example))
+
+
+def writes_before_failing(example: Any) -> bool:
+    """torch writes every fitting key even when the load then raises, and some write shows:
+    a swap (a new TensorImpl, unless torch refuses it and the value is the slot's own), an
+    assign (a new object in the slot), or a copy of other values."""
+    load = example.load
+    refused = torch_refused(example) if load.swap else set()
+    for _, slot, value in _written(example):
+        if load.swap and (id(slot) not in refused or not equal_values(slot.detach(), value)):
+            return True
+        if not load.swap and load.assign and value is not slot:
+            return True
+        if not load.swap and not equal_values(slot.detach(), value):
+            return True
+    return False
+
+
+def _conflict_only(example: Any) -> bool:
+    model = key_model(example.module, example.load.state_dict)
+    others = model.bad_values or (example.load.strict and (model.missing or model.unexpected))
+    return bool(model.conflicts) and not others and not swap_refused_by_torch(example)
+
+
+def _conflict_and_other_error(example: Any) -> bool:
+    model = key_model(example.module, example.load.state_dict)
+    return bool(model.conflicts) and model.fails(example.load.strict) and not _conflict_only(example)
+
+
+def assign_splits_ties(example: Any) -> bool:
+    """``assign=True`` without swap: torch's ``setattr`` puts ``Parameter(value)`` (a new object
+    per key) or the value itself in each slot, so slots that held one object may differ after."""
+    load = example.load
+    if not load.assign or load.swap or conflicting_groups(example.module, load.state_dict):
+        return False
+    given, order = load.state_dict, list(load.state_dict)
+    finals: dict[int, dict[tuple[int, str], tuple[int, Any]]] = {}
+    for prefix, m in example.module.named_modules(remove_duplicate=False):
+        for registry in (m._parameters, m._buffers):
+            for key, t in registry.items():
+                if t is None:
+                    continue
+                name = f"{prefix}.{key}" if prefix else key
+                slots = finals.setdefault(id(t), {})
+                rank, final = (order.index(name), _final_object(t, given[name])) \
+                    if name in given else (-1, t)  # a slot no key reaches keeps its object
+                earlier = slots.get((id(m), key))
+                if earlier is None or rank > earlier[0]:
+                    slots[(id(m), key)] = (rank, final)
+    return any(len({id(f) for _, f in slots.values()}) > 1 for slots in finals.values()
+               if len(slots) > 1)
+
+
+class _New:
+    """Stands for a new object torch makes (one per write)."""
+
+
+def _final_object(slot: Tensor, value: Any) -> Any:
+    if isinstance(slot, nn.Parameter) and not isinstance(value, nn.Parameter):
+        return _New()
+    return value
+
+
+def first_keys(example: Any) -> dict[str, Tensor]:
+    """The first given key of each slot object, as LOAD-PATH checks it."""
+    own, out, seen = _own(example), {}, set()
+    for key in example.load.state_dict:
+        slot = own.get(key)
+        if isinstance(slot, Tensor) and id(slot) not in seen:
+            seen.add(id(slot))
+            out[key] = slot
+    return out
+
+
+def assign_replaces_own_data(example: Any) -> bool:
+    """With ``assign``, torch replaces a slot given its own data: a new Parameter (or the
+    detached alias as the buffer) without swap, a swapped-in TensorImpl with it."""
+    load = example.load
+    if not load.assign or swap_refused_by_torch(example):
+        return False
+    given = load.state_dict
+    for key, slot in first_keys(example).items():
+        if not is_own_data(slot, given[key]):
+            continue
+        same_slot = [k for k in given if _slot_of(example.module, k) == _slot_of(example.module, key)]
+        if load.swap or any(given[k] is not slot for k in same_slot):
+            return True  # torch's last write into that slot puts in another object
+    return False
+
+
+def _slot_of(module: nn.Module, key: str) -> tuple[int, str]:
+    prefix, _, name = key.rpartition(".")
+    owner = module.get_submodule(prefix) if prefix else module
+    return id(owner), name
+
+
+def round_trip_assign_replaces(example: Any) -> bool:
+    return example.load.assign and not example.load.swap and bool(_tensor_slots(example)) \
+        and not _has_uninitialized(example)
+
+
+def swapped_twice(example: Any) -> bool:
+    """Under the swap flag torch swaps a tensor once per key that reaches it (tied names, a
+    shared submodule's paths): the second swap can put a TensorImpl at the address the first
+    one freed, so ``_cdata`` reads as kept."""
+    if not example.load.swap:
+        return False
+    counts: dict[int, int] = {}
+    for _, slot, _ in _written(example):
+        counts[id(slot)] = counts.get(id(slot), 0) + 1
+    return any(n > 1 for n in counts.values())
+
+
+def _tensor_slots(example: Any) -> list[Tensor]:
+    return [t for t in _own(example).values() if isinstance(t, Tensor)]
+
+
+def _has_uninitialized(example: Any) -> bool:
+    return any(is_lazy(t) for t in _tensor_slots(example))
+
+
+def _params(example: Any) -> list[nn.Parameter]:
+    return list({id(p): p for p in example.module.parameters()}.values())
+
+
+def _hookable(p: nn.Parameter) -> bool:
+    return (p.requires_grad and p.is_floating_point() and not p.is_meta
+            and not is_traceable_wrapper_subclass(p))
+
+
+def swap_loses_identity(example: Any) -> bool:
+    """On the swap path torch swaps ``__class__`` and ``__dict__`` with a fresh
+    ``Parameter(module_load(...))`` and the TensorImpl with its autograd meta: a parameter
+    subclass's class (without ``assign``), instance attributes, grad and hooks are lost."""
+    load = example.load
+    if not load.swap or swap_refused_by_torch(example):
+        return False
+    return any(_hookable(p) or p.grad is not None or p.__dict__
+               or (not load.assign and type(p) is not nn.Parameter) for p in _params(example))
+
+
+def round_trip_swap_loses_identity(example: Any) -> bool:
+    load = example.load
+    if not load.swap or swap_refused_by_torch(example) or _has_uninitialized(example):
+        return False
+    return any(p.grad is not None or p.__dict__ or type(p) is not nn.Parameter
+               for p in _params(example))
+
+
+def uninitialized_refused(example: Any) -> bool:
+    """torch's assign and swap paths raise on an uninitialized parameter given itself."""
+    return (example.load.assign or example.load.swap) and _has_uninitialized(example)
+
+
+# ---- declarations ---------------------------------------------------------------------------
+
+SUCCEEDING = ("LOAD-PATH", "LOAD-VALUES", "LOAD-KEYS", "LOAD-IDENTITY", "LOAD-TIES",
+              "LOAD-ROUND-TRIP")
+
+LOAD_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        SUCCEEDING, refused_on_a_succeeding_load, "raised",
+        "Under the swap flag torch refuses parameters of old-style reparametrizations: the "
+        "computed attribute's autograd graph holds them, and swap_tensors sees a use count of 3 "
+        "(the reference drops the attribute for the load and computes it again, as apply does).\n"
+        "m = torch.nn.utils.weight_norm(torch.nn.Linear(2, 2))\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(m.state_dict())  # RuntimeError: ... Expected use_count of t1 to be 1 "
+        "or 2 ... got 3",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-ATOMIC", writes_before_failing, "changed",
+        "torch loads key by key and only raises at the end, so every key it could load stays "
+        "loaded when another key fails.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "sd = {k: v + 1 for k, v in m.state_dict().items()}; sd['1.bias'] = torch.zeros(5)\n"
+        "w = m[0].weight.clone()\n"
+        "try: m.load_state_dict(sd)\n"
+        "except RuntimeError: pass\n"
+        "assert not torch.equal(m[0].weight, w)  # half-loaded",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-TIES", refused_with_conflict, "changed",
+        "A load with tied names given different values that torch refuses for a refused swap "
+        "(see the 'raised' deviation) leaves the keys it wrote before written (see LOAD-ATOMIC).\n"
+        "m = torch.nn.utils.weight_norm(torch.nn.Linear(2, 2)); m.register_buffer('s', torch.ones(2))\n"
+        "m.register_buffer('t', m.s)\n"
+        "sd = m.state_dict(); sd['s'] = torch.zeros(2); sd['bias'] = sd['bias'] + 1\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(sd)  # RuntimeError (weight_g), and bias, s are loaded",
+        TORCH_SEEN),
+    Deviation(
+        ("LOAD-TIES", "LOAD-ATOMIC", "LOAD-KEYS"), _conflict_only,
+        ("conflict-accepted", "raised-none"),
+        "torch loads tied names given different values one after the other: the last one wins, "
+        "silently.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight\n"
+        "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
+        "m.load_state_dict(sd)  # no error\n"
+        "assert torch.equal(m[0].weight, torch.ones(2, 2))",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-KEYS", _conflict_and_other_error, "message",
+        "torch's error message never names tied names given different values (it does not see "
+        "them); the reference adds 'While loading the tied names ...'.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight\n"
+        "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
+        "sd['1.bias'] = torch.zeros(3)\n"
+        "m.load_state_dict(sd)  # RuntimeError naming only the size mismatch of 1.bias",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-TIES", assign_splits_ties, "tie-split",
+        "With assign=True (swap flag off) torch setattr's Parameter(value) into each slot, one "
+        "new object per key, so tied parameters come apart.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert m[0].weight is not m[1].weight",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-PATH", assign_replaces_own_data, "path-kept",
+        "With assign=True torch replaces a slot given its own data (state_dict()'s detached "
+        "alias): a new Parameter without the swap flag (an optimizer loses it), a swapped-in "
+        "TensorImpl with it.\n"
+        "m = torch.nn.Linear(2, 2); w = m.weight\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert m.weight is not w",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-PATH", swapped_twice, "path-swap", always=False, reason=
+        "Under the swap flag torch swaps a tensor reached by two keys twice; the TensorImpl the "
+        "first swap freed can be reused by the second, so the parameter ends with its old "
+        "_cdata (allocator-dependent).\n"
+        "m = torch.nn.BatchNorm1d(2); m.running_var = m.running_mean\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "c = m.running_mean._cdata; m.load_state_dict(m.state_dict())\n"
+        "print(m.running_mean._cdata == c)  # sometimes True",
+        torch_versions=TORCH_SEEN),
+    Deviation(
+        "LOAD-ROUND-TRIP", round_trip_assign_replaces, "changed",
+        "Loading state_dict() back with assign=True (swap flag off) puts new objects in every "
+        "slot: Parameter(detached alias) for parameters, the alias itself for buffers.\n"
+        "m = torch.nn.BatchNorm1d(2); w, mean = m.weight, m.running_mean\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert m.weight is not w and m.running_mean is not mean",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-IDENTITY", swap_loses_identity, ("class", "attributes", "grad", "tensor-hooks"),
+        "On the swap path swap_tensors swaps __class__, __dict__ and the TensorImpl (with its "
+        "autograd meta) with a fresh Parameter(module_load(...)): a Parameter subclass becomes "
+        "Parameter, instance attributes, the grad and register_hook hooks are gone.\n"
+        "class P(torch.nn.Parameter): pass\n"
+        "m = torch.nn.Linear(2, 2); m.weight = P(m.weight.detach()); m.weight.tag = 1\n"
+        "m(torch.ones(1, 2)).sum().backward(); m.weight.register_hook(print)\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(m.state_dict())\n"
+        "assert type(m.weight) is torch.nn.Parameter and m.weight.grad is None\n"
+        "assert not hasattr(m.weight, 'tag')",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-ROUND-TRIP", round_trip_swap_loses_identity, "changed",
+        "Loading state_dict() back under the swap flag loses a Parameter subclass's class, its "
+        "instance attributes and the grad (see the LOAD-IDENTITY deviation).\n"
+        "m = torch.nn.Linear(2, 2); m(torch.ones(1, 2)).sum().backward()\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(m.state_dict())\n"
+        "assert m.weight.grad is None",
+        TORCH_SEEN),
+    Deviation(
+        "LOAD-ROUND-TRIP", uninitialized_refused, "raised",
+        "torch's assign and swap paths raise on an uninitialized (lazy) parameter given its own "
+        "state dict entry (Parameter() and module_load touch the uninitialized data).\n"
+        "m = torch.nn.LazyLinear(2)\n"
+        "m.load_state_dict(m.state_dict(), assign=True)  # RuntimeError: ... uninitialized",
+        TORCH_SEEN),
+)
