@@ -454,14 +454,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             for key in stale)
     pid, target = property_id(item), _target_of(item)
     if pid is not None and target is not None:
-        call = report.when == "call"
-        counts = getattr(item, "swapspec_deviations", {}) if call else {}
+        in_call = report.when == "call"
+        counts = getattr(item, "swapspec_deviations", {}) if in_call else {}
         entry = {"property": pid, "target": target.name,
                  "deviations": {clause: n for (_, _, clause), n in counts.items()},
-                 "declarations": getattr(item, "swapspec_declarations", {}) if call else {},
-                 "undeclared": getattr(item, "swapspec_undeclared", {}) if call else {},
+                 "declarations": getattr(item, "swapspec_declarations", {}) if in_call else {},
+                 "undeclared": getattr(item, "swapspec_undeclared", {}) if in_call else {},
                  "undeclared_messages":
-                     getattr(item, "swapspec_undeclared_messages", {}) if call else {}}
+                     getattr(item, "swapspec_undeclared_messages", {}) if in_call else {}}
         if report.failed:
             entry["failures"] = _failures(pid, call, report)
             _show_repros(item, report, entry["failures"])
