@@ -618,7 +618,7 @@ def _world(draw: Draw, needs: Sequence[str], worlds: Sequence[str], chance: int)
     if unknown:
         raise ValueError(f"worlds must come from {WORLDS}; unknown: {unknown}")
     allowed = [w for w in WORLDS if w in worlds]
-    if "grad" in needs or not allowed or not _chance(draw, chance):
+    if "grad" in needs or not allowed or chance == 0 or not _chance(draw, chance):  # 0: no draw
         return ""
     return draw(st.sampled_from(allowed))
 
