@@ -127,15 +127,21 @@ def render(a: dict[str, Any], b: dict[str, Any], changes: list[Change], *, prese
 
 def side_by_side(a: dict[str, Any], b: dict[str, Any], target: str) -> str:
     """``target``'s cells of both reports as a Markdown table, one row per property."""
-    from swapspec.properties.plugin import render_cell
-
     lines = [f"| property | torch {a.get('torch', '?')} | torch {b.get('torch', '?')} |",
              "|---|---|---|"]
     for pid in sorted(set(a["table"]) | set(b["table"])):
         cells = [report["table"].get(pid, {}).get(target) for report in (a, b)]
-        text = [render_cell(c).replace("|", "\\|") if c else "-" for c in cells]
+        text = [_cell_text(c).replace("|", "\\|") if c else "-" for c in cells]
         lines.append(f"| `{pid}` | {text[0]} | {text[1]} |")
     return "\n".join(lines)
+
+
+def _cell_text(cell: dict[str, Any]) -> str:
+    """A cell in full: its status word, then its note (deviations seen, skip reason, broken rules)."""
+    from swapspec.properties.plugin import STATUS_WORDS, cell_note
+
+    note = cell_note(cell)
+    return f"{STATUS_WORDS[cell['status']]} ({note})" if note else STATUS_WORDS[cell["status"]]
 
 
 def main(argv: list[str] | None = None) -> int:
