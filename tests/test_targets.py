@@ -85,19 +85,19 @@ def test_a_targets_modules_are_drawn_and_rebuilt():
 
 
 def test_without_a_target_only_the_builtins_are_drawn():
-    from swapspec.properties.test_apply import plain_conversions
+    from swapspec.properties.test_apply import converted
 
     with pytest.raises(NoSuchExample):
-        find(plain_conversions, lambda c: c.name == "planted.double_it")
+        find(converted, lambda case: case[1].name == "planted.double_it")
 
 
 def test_a_targets_conversions_are_drawn_and_run_with_their_imports():
     import torch
 
-    from swapspec.properties.test_apply import plain_conversions
+    from swapspec.properties.test_apply import converted
 
-    conversion = _draw_with(load_target(ONLY), plain_conversions,
-                            lambda c: c.name == "planted.double_it")
+    _, conversion = _draw_with(load_target(ONLY), converted,
+                               lambda case: case[1].name == "planted.double_it")
     assert torch.equal(conversion.make_fn()(torch.ones(2)), torch.full((2,), 2.0))
     source = conversion.source()
     assert "double_it = lambda t: t * 2" in source
