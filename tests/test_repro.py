@@ -65,6 +65,13 @@ def undeclared(name: str):
 
 
 def apply_case(spec, conversion="add(1)", overwrite=False, swap=False):
+    """Arguments of an apply property drawn as a ``(module, conversion)`` case."""
+    return {"case": (build_tree(spec), conversion_named(conversion)),
+            "flags": FlagSetting(overwrite, swap)}
+
+
+def training_case(spec, conversion="add(1)", overwrite=False, swap=False):
+    """Arguments of a training property, which draws the module and the conversion apart."""
     return {"module": build_tree(spec), "conversion": conversion_named(conversion),
             "flags": FlagSetting(overwrite, swap)}
 
@@ -84,7 +91,7 @@ CASES = {
                           lambda: apply_case(TIED), REPO),
     # training repros: hooks registered before and after, then backward
     "apply-hooks-torch": (test_apply_training.test_apply_keeps_tensor_hooks, lambda: undeclared("torch"),
-                          lambda: {**apply_case(TreeSpec(root=ONE), "float()", overwrite=True),
+                          lambda: {**training_case(TreeSpec(root=ONE), "float()", overwrite=True),
                                    "earlier": [], "inputs": (x(),)}, None),
     # functional_call on torch: a shared submodule's slot restored in the wrong order
     "call-restore-torch": (test_functional_call.test_fc_restores_module, lambda: undeclared("torch"),
