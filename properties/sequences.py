@@ -81,6 +81,8 @@ palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVE
 trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())
 
 # The one-shot properties whose declarations a step of each kind is judged against.
+LOAD_RULE = False  # see SequenceMachine.load_state_dict
+
 STEP_PROPERTIES: dict[str, tuple[str, ...]] = {
     "convert": (*APPLY_IDS, "APPLY-ATOMIC", "APPLY-REFUSED-SWAP"),
     "functional_call": (*ids.FUNCTIONAL_CALL, "TOGETHER-CONVERTED-CALL"),
@@ -285,7 +287,10 @@ class SequenceMachine(RuleBasedStateMachine):
             self.module, tensors, (self.x.clone(),), {}, tie_weights=tie_weights))
         self.after(check, prediction, outcome, lines, output=True)
 
-    @precondition(lambda self: getattr(self.target, "load_state_dict", None) is not None)
+    # Off: the model does not yet predict what a load does to grads, classes and attributes on
+    # each path (it predicts values only), so with a target that has ``load_state_dict`` the rule
+    # fails the reference too. Turn it on with the model's load rule (see README, Known gaps).
+    @precondition(lambda self: LOAD_RULE and getattr(self.target, "load_state_dict", None) is not None)
     @rule(data=st.data())
     @while_judged
     def load_state_dict(self, data: st.DataObject) -> None:
