@@ -179,7 +179,9 @@ def build_source(module: nn.Module) -> list[str]:
     """Lines of ``def build_module():`` returning a fresh copy of ``module``'s drawn tree, as it
     was before anything touched it (see the module docstring)."""
     spec = trees.tree_info(module).spec
-    plain = trees.build_tree(dataclasses.replace(spec, decorations=(), trained="", wrapper="", world=""))
+    # the nominal tree alone: its slots hold their own tensors (ties and shares come after)
+    plain = trees.build_tree(dataclasses.replace(spec, decorations=(), trained="", wrapper="", world="",
+                                                 ties=(), shares=()))
     body = ["m = {}  # the tree's modules by path ('' is the root)"]
     for path, _, node in trees.walk(spec.root):
         body += _node_lines(node, path, plain.get_submodule(path) if path else plain)
