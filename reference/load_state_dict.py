@@ -339,14 +339,7 @@ class _Load:
         if is_param:
             new = _as_swapped_parameter(tensor, new, assign)
             hooks = _tensor_hooks(tensor)
-        if grad is not None:
-            tensor.grad = None  # reading .grad holds a use count that blocks swap_tensors
-        try:
-            torch.utils.swap_tensors(tensor, new)
-        except Exception:
-            if grad is not None:
-                tensor.grad = grad
-            raise
+        torch.utils.swap_tensors(tensor, new)  # a refusal is rolled back by rule 8
         self.undo_log.append(lambda: torch.utils.swap_tensors(tensor, new))
         if is_param:
             _carry_tensor_hooks(hooks, tensor)
@@ -456,13 +449,10 @@ def _distinct_modules(root: nn.Module) -> list[nn.Module]:
 def _put(module: nn.Module, registry: str, key: str, value: Any) -> None:
     """Put ``value`` in one slot: ``setattr`` for a Parameter in a parameter slot (a module's
     ``__setattr__`` override, an RNN's flat weights, sees it), the table itself otherwise."""
-    if registry == "_parameters" and (value is None or isinstance(value, nn.Parameter)):
-        if value is None:
-            module._parameters[key] = None
-        else:
-            setattr(module, key, value)
-        return
-    getattr(module, registry)[key] = value
+    if registry == "_parameters" and isinstance(value, nn.Parameter):
+        setattr(module, key, value)
+    else:
+        getattr(module, registry)[key] = value
 
 
 def _layout(t: Tensor) -> tuple:

@@ -3,6 +3,7 @@ identity on the swap path, ties, atomicity, hooks, overrides and the round trip.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import pytest
@@ -641,3 +642,135 @@ def test_rule8_rollback_puts_back_none_and_rebound_slots():
                           strict=False))
     assert module.bias is bias and module.running is running
     assert_unchanged(before, module)
+
+
+# ---- focused rules (each one pins a branch of the reference) --------------------------------
+
+
+def test_rule4_module_load_returning_self_is_torchs_error():
+    class Selfish(nn.Parameter):
+        def module_load(self, other, assign=False):
+            return self
+
+    ours, theirs = linear(), linear()
+    for module in (ours, theirs):
+        module.weight = Selfish(module.weight.detach().clone())
+    given = shifted(ours)
+    mine = error_of(lambda: load(ours, given, swap=True))
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    assert mine == error_of(lambda: theirs.load_state_dict(given))
+    assert "module_load returned one of self or other, please .detach() the result" in mine
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_rule4_module_load_gets_the_assign_flag_as_a_bool(assign):
+    seen = []
+
+    class Recording(nn.Parameter):
+        def module_load(self, other, assign=False):
+            seen.append(assign)
+            return super().module_load(other, assign=assign)
+
+    module = linear()
+    module.weight = Recording(module.weight.detach().clone())
+    load(module, shifted(module), swap=True, assign=assign)
+    assert seen == [assign] and type(seen[0]) is bool
+
+
+def test_rule5_module_load_returning_a_frozen_parameter_gets_the_slots_requires_grad():
+    class Frozen(nn.Parameter):
+        def module_load(self, other, assign=False):
+            return nn.Parameter(other.detach().clone(), requires_grad=False)
+
+    module = linear()
+    module.weight = Frozen(module.weight.detach().clone())
+    load(module, shifted(module), swap=True)
+    assert module.weight.requires_grad
+
+
+def test_rule5_grad_follows_a_device_change():
+    module = linear()
+    fill_grads(module)
+    load(module, {k: v.to("meta") for k, v in module.state_dict().items()}, swap=True, assign=True)
+    assert module.weight.is_meta and module.weight.grad.is_meta
+
+
+def test_rule3_copy_into_real_slots_does_not_warn():
+    module = linear()
+    given = shifted(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning fails the load
+        load(module, given)
+    assert torch.equal(module.weight, given["weight"])
+
+
+def test_rule7_several_missing_and_unexpected_keys_are_listed_as_torch_does():
+    ours, theirs = nn.Sequential(linear(), linear()), nn.Sequential(linear(), linear())
+    given = shifted(ours)
+    del given["0.bias"], given["1.bias"]
+    given["x"], given["y"] = torch.ones(1), torch.ones(1)
+    mine = error_of(lambda: load(ours, given))
+    assert mine == error_of(lambda: theirs.load_state_dict(given))
+    assert 'Missing key(s) in state_dict: "0.bias", "1.bias". ' in mine
+    assert 'Unexpected key(s) in state_dict: "x", "y". ' in mine
+
+
+@paths
+def test_rule6_tied_0_dim_slots_given_different_one_element_values_are_an_error(swap, assign):
+    module = nn.Module()
+    step = torch.tensor(1.0)
+    module.register_buffer("a", step)
+    module.register_buffer("b", step)
+    before = snapshot(module)
+    text = error_of(lambda: load(module, {"a": torch.tensor([2.0]), "b": torch.tensor([3.0])},
+                                 swap=swap, assign=assign))
+    assert 'While loading the tied names "a" and "b"' in text
+    assert_unchanged(before, module)
+
+
+def test_rule4_assign_of_an_alias_with_another_layout_puts_the_value_in():
+    module = nn.Module()
+    module.register_buffer("square", torch.arange(4.0).reshape(2, 2))
+    old = module.square
+    transposed = old.detach().t()
+    load(module, {"square": transposed}, assign=True)
+    assert module.square is transposed and module.square is not old
+
+
+def test_rule8_rollback_puts_back_a_none_buffer_slot_as_a_buffer():
+    module = linear()
+    module.register_buffer("spare", None)
+
+    def fill(state_dict, prefix, *args):
+        module.spare = torch.ones(1)
+
+    module._register_load_state_dict_pre_hook(fill)
+    given = shifted(module)
+    del given["bias"]
+    error_of(lambda: load(module, given))
+    assert "spare" in module._buffers and module._buffers["spare"] is None
+    assert "spare" not in module._parameters
+
+
+def test_rule8_rollback_puts_back_the_storage_a_hook_replaced():
+    module = linear()
+    weight, address = module.weight, module.weight.data_ptr()
+
+    def replace(state_dict, prefix, *args):
+        weight.data = weight.data.clone()
+
+    module._register_load_state_dict_pre_hook(replace)
+    given = shifted(module)
+    del given["bias"]
+    error_of(lambda: load(module, given, assign=True))
+    assert module.weight is weight and weight.data_ptr() == address
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_rule8_a_failed_load_that_wrote_nothing_leaves_versions_alone(swap):
+    module = linear()
+    versions = {k: v._version for k, v in module.state_dict(keep_vars=True).items()}
+    given = shifted(module)
+    given["bias"] = torch.zeros(7)
+    error_of(lambda: load(module, given, swap=swap, assign=True))
+    assert {k: v._version for k, v in module.state_dict(keep_vars=True).items()} == versions
