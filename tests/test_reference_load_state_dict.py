@@ -724,7 +724,7 @@ def test_rule6_tied_0_dim_slots_given_different_one_element_values_are_an_error(
     before = snapshot(module)
     text = error_of(lambda: load(module, {"a": torch.tensor([2.0]), "b": torch.tensor([3.0])},
                                  swap=swap, assign=assign))
-    assert 'While loading the tied names "a" and "b"' in text
+    assert 'While loading the tied names "a" and "b": they were given different values.' in text
     assert_unchanged(before, module)
 
 
@@ -774,3 +774,50 @@ def test_rule8_a_failed_load_that_wrote_nothing_leaves_versions_alone(swap):
     given["bias"] = torch.zeros(7)
     error_of(lambda: load(module, given, swap=swap, assign=True))
     assert {k: v._version for k, v in module.state_dict(keep_vars=True).items()} == versions
+
+
+def test_same_value_tells_infinity_from_the_largest_finite_and_matches_complex_nan():
+    big = torch.finfo(torch.float32).max
+    assert not same_value(torch.tensor([float("inf")]), torch.tensor([big]))
+    z = torch.tensor([complex(float("nan"), 1.0), 2j])
+    assert same_value(z, z.clone()) and not same_value(z, z + 1)
+    assert same_value(torch.tensor([True]), torch.tensor([True]))
+    assert not same_value(torch.tensor([True]), torch.tensor([False]))
+
+
+def test_rule3_meta_warning_text_is_torchs():
+    ours, theirs = linear().to("meta"), linear().to("meta")
+    given = linear().state_dict()
+    with pytest.warns(UserWarning) as mine:
+        load(ours, given)
+    with pytest.warns(UserWarning) as torchs:
+        theirs.load_state_dict(given)
+    assert [str(w.message) for w in mine] == [str(w.message) for w in torchs]
+
+
+def test_rule3_a_failed_copy_is_torchs_copying_message():
+    ours, theirs = linear(), linear()
+    given = {k: v.to("meta") for k, v in ours.state_dict().items()}
+    mine = error_of(lambda: load(ours, given))
+    assert mine == error_of(lambda: theirs.load_state_dict(given))
+    assert 'While copying the parameter named "weight"' in mine
+
+
+def test_rule4_assign_of_a_real_value_into_an_uninitialized_slot_puts_it_in():
+    module = nn.Module()
+    module.w = nn.parameter.UninitializedParameter()
+    value = torch.ones(2)
+    load(module, {"w": value}, assign=True)
+    assert type(module.w) is nn.Parameter and torch.equal(module.w, value)
+
+
+def test_rule5_a_buffers_grad_goes_with_its_old_contents_as_in_torch():
+    ours, theirs = nn.Module(), nn.Module()
+    for module in (ours, theirs):
+        buffer = torch.ones(2, requires_grad=True)
+        (buffer * 2).sum().backward()
+        module.register_buffer("b", buffer)
+    load(ours, {"b": torch.zeros(2)}, swap=True)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    theirs.load_state_dict({"b": torch.zeros(2)})
+    assert ours.b.grad is None and theirs.b.grad is None
