@@ -821,3 +821,45 @@ def test_rule5_a_buffers_grad_goes_with_its_old_contents_as_in_torch():
     torch.__future__.set_swap_module_params_on_conversion(True)
     theirs.load_state_dict({"b": torch.zeros(2)})
     assert ours.b.grad is None and theirs.b.grad is None
+
+
+def _recorded_hook_calls(module: nn.Module, call) -> list:
+    """What every pre-hook and ``_load_from_state_dict`` of ``module``'s tree received."""
+    seen = []
+
+    class Recording(nn.Linear):
+        def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *rest):
+            seen.append(("override", prefix, dict(local_metadata), strict))
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *rest)
+
+    module[1] = Recording(3, 2)
+    for m in module.modules():
+        m._register_load_state_dict_pre_hook(
+            lambda sd, prefix, meta, strict, *rest: seen.append(("hook", prefix, dict(meta),
+                                                                  strict)))
+    given = module.state_dict()
+    given._metadata = {"": {"version": 1}, "0": {"version": 7}}  # none for "1"
+    call(module, given)
+    return seen
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_rule2_metadata_and_strict_reach_hooks_and_overrides_as_in_torch(assign):
+    mine = _recorded_hook_calls(nn.Sequential(linear(), linear()),
+                                lambda m, sd: load(m, sd, assign=assign))
+    torchs = _recorded_hook_calls(nn.Sequential(linear(), linear()),
+                                  lambda m, sd: m.load_state_dict(sd, assign=assign))
+    assert mine == torchs
+    assert ("hook", "0.", {"version": 7, **({"assign_to_params_buffers": True} if assign else {})},
+            True) in mine
+
+
+def test_rule2_post_hook_returning_a_value_is_torchs_exact_assertion():
+    ours, theirs = linear(), linear()
+    for module in (ours, theirs):
+        module.register_load_state_dict_post_hook(lambda m, keys: keys)
+    with pytest.raises(AssertionError) as mine:
+        load(ours, ours.state_dict())
+    with pytest.raises(AssertionError) as torchs:
+        theirs.load_state_dict(theirs.state_dict())
+    assert str(mine.value) == str(torchs.value)
