@@ -267,7 +267,7 @@ class _Load:
         path = choose_load_path(swap=self.swap, assign=assign)
         try:
             with torch.no_grad():
-                result = self._write(module, name, tensor, value, path, assign)
+                result = self._write(tensor, value, path, assign)
         except Exception as ex:
             action = "swapping" if path == SWAP else "copying"
             self.error_msgs.append(
@@ -293,8 +293,7 @@ class _Load:
         earlier key wrote shows the written values now)."""
         return self.given.get(id(value), value)
 
-    def _write(self, module: nn.Module, name: str, tensor: Tensor, value: Tensor, path: str,
-               assign: bool) -> Tensor:
+    def _write(self, tensor: Tensor, value: Tensor, path: str, assign: bool) -> Tensor:
         """Rule 4: one slot's write along ``path``; returns the object in the slot after."""
         if path == COPY:
             tensor.copy_(value)
@@ -339,14 +338,7 @@ class _Load:
         if is_param:
             new = _as_swapped_parameter(tensor, new, assign)
             hooks = _tensor_hooks(tensor)
-        if grad is not None:
-            tensor.grad = None  # reading .grad holds a use count that blocks swap_tensors
-        try:
-            torch.utils.swap_tensors(tensor, new)
-        except Exception:
-            if grad is not None:
-                tensor.grad = grad
-            raise
+        torch.utils.swap_tensors(tensor, new)  # a refusal is rolled back by rule 8
         self.undo_log.append(lambda: torch.utils.swap_tensors(tensor, new))
         if is_param:
             _carry_tensor_hooks(hooks, tensor)
@@ -408,8 +400,9 @@ def same_value(a: Any, b: Any) -> bool:
         return False
     if a.is_meta:
         return True
-    return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())) \
-        if a.is_floating_point() else bool(torch.equal(a, b))
+    nan_a, nan_b = a.isnan(), b.isnan()  # all False for integer and bool dtypes
+    return bool(torch.equal(nan_a, nan_b) and torch.equal(a.masked_fill(nan_a, 0),
+                                                          b.masked_fill(nan_b, 0)))
 
 
 def _as_swapped_parameter(param: nn.Parameter, new: Tensor, assign: bool) -> nn.Parameter:
@@ -428,9 +421,11 @@ def _as_swapped_parameter(param: nn.Parameter, new: Tensor, assign: bool) -> nn.
 
 
 def _own_data(tensor: Tensor, value: Tensor) -> bool:
-    """Rule 4: ``value`` is the slot's own data (``state_dict()``'s detached alias of it)."""
+    """Rule 4: ``value`` is the slot's own data (``state_dict()``'s detached alias of it);
+    an uninitialized tensor has no data to alias."""
     return value is tensor or (
-        type(value.detach()) is type(tensor.detach()) and _layout(value) == _layout(tensor)
+        not is_lazy(tensor) and not is_lazy(value)
+        and type(value.detach()) is type(tensor.detach()) and _layout(value) == _layout(tensor)
         and bool(torch._C._is_alias_of(value, tensor)))
 
 
@@ -456,13 +451,10 @@ def _distinct_modules(root: nn.Module) -> list[nn.Module]:
 def _put(module: nn.Module, registry: str, key: str, value: Any) -> None:
     """Put ``value`` in one slot: ``setattr`` for a Parameter in a parameter slot (a module's
     ``__setattr__`` override, an RNN's flat weights, sees it), the table itself otherwise."""
-    if registry == "_parameters" and (value is None or isinstance(value, nn.Parameter)):
-        if value is None:
-            module._parameters[key] = None
-        else:
-            setattr(module, key, value)
-        return
-    getattr(module, registry)[key] = value
+    if registry == "_parameters" and isinstance(value, nn.Parameter):
+        setattr(module, key, value)
+    else:
+        getattr(module, registry)[key] = value
 
 
 def _layout(t: Tensor) -> tuple:

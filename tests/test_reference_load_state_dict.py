@@ -3,6 +3,7 @@ identity on the swap path, ties, atomicity, hooks, overrides and the round trip.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import pytest
@@ -641,3 +642,224 @@ def test_rule8_rollback_puts_back_none_and_rebound_slots():
                           strict=False))
     assert module.bias is bias and module.running is running
     assert_unchanged(before, module)
+
+
+# ---- focused rules (each one pins a branch of the reference) --------------------------------
+
+
+def test_rule4_module_load_returning_self_is_torchs_error():
+    class Selfish(nn.Parameter):
+        def module_load(self, other, assign=False):
+            return self
+
+    ours, theirs = linear(), linear()
+    for module in (ours, theirs):
+        module.weight = Selfish(module.weight.detach().clone())
+    given = shifted(ours)
+    mine = error_of(lambda: load(ours, given, swap=True))
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    assert mine == error_of(lambda: theirs.load_state_dict(given))
+    assert "module_load returned one of self or other, please .detach() the result" in mine
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_rule4_module_load_gets_the_assign_flag_as_a_bool(assign):
+    seen = []
+
+    class Recording(nn.Parameter):
+        def module_load(self, other, assign=False):
+            seen.append(assign)
+            return super().module_load(other, assign=assign)
+
+    module = linear()
+    module.weight = Recording(module.weight.detach().clone())
+    load(module, shifted(module), swap=True, assign=assign)
+    assert seen == [assign] and type(seen[0]) is bool
+
+
+def test_rule5_module_load_returning_a_frozen_parameter_gets_the_slots_requires_grad():
+    class Frozen(nn.Parameter):
+        def module_load(self, other, assign=False):
+            return nn.Parameter(other.detach().clone(), requires_grad=False)
+
+    module = linear()
+    module.weight = Frozen(module.weight.detach().clone())
+    load(module, shifted(module), swap=True)
+    assert module.weight.requires_grad
+
+
+def test_rule5_grad_follows_a_device_change():
+    module = linear()
+    fill_grads(module)
+    load(module, {k: v.to("meta") for k, v in module.state_dict().items()}, swap=True, assign=True)
+    assert module.weight.is_meta and module.weight.grad.is_meta
+
+
+def test_rule3_copy_into_real_slots_does_not_warn():
+    module = linear()
+    given = shifted(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning fails the load
+        load(module, given)
+    assert torch.equal(module.weight, given["weight"])
+
+
+def test_rule7_several_missing_and_unexpected_keys_are_listed_as_torch_does():
+    ours, theirs = nn.Sequential(linear(), linear()), nn.Sequential(linear(), linear())
+    given = shifted(ours)
+    del given["0.bias"], given["1.bias"]
+    given["x"], given["y"] = torch.ones(1), torch.ones(1)
+    mine = error_of(lambda: load(ours, given))
+    assert mine == error_of(lambda: theirs.load_state_dict(given))
+    assert 'Missing key(s) in state_dict: "0.bias", "1.bias". ' in mine
+    assert 'Unexpected key(s) in state_dict: "x", "y". ' in mine
+
+
+@paths
+def test_rule6_tied_0_dim_slots_given_different_one_element_values_are_an_error(swap, assign):
+    module = nn.Module()
+    step = torch.tensor(1.0)
+    module.register_buffer("a", step)
+    module.register_buffer("b", step)
+    before = snapshot(module)
+    text = error_of(lambda: load(module, {"a": torch.tensor([2.0]), "b": torch.tensor([3.0])},
+                                 swap=swap, assign=assign))
+    assert 'While loading the tied names "a" and "b": they were given different values.' in text
+    assert_unchanged(before, module)
+
+
+def test_rule4_assign_of_an_alias_with_another_layout_puts_the_value_in():
+    module = nn.Module()
+    module.register_buffer("square", torch.arange(4.0).reshape(2, 2))
+    old = module.square
+    transposed = old.detach().t()
+    load(module, {"square": transposed}, assign=True)
+    assert module.square is transposed and module.square is not old
+
+
+def test_rule8_rollback_puts_back_a_none_buffer_slot_as_a_buffer():
+    module = linear()
+    module.register_buffer("spare", None)
+
+    def fill(state_dict, prefix, *args):
+        module.spare = torch.ones(1)
+
+    module._register_load_state_dict_pre_hook(fill)
+    given = shifted(module)
+    del given["bias"]
+    error_of(lambda: load(module, given))
+    assert "spare" in module._buffers and module._buffers["spare"] is None
+    assert "spare" not in module._parameters
+
+
+def test_rule8_rollback_puts_back_the_storage_a_hook_replaced():
+    module = linear()
+    weight, address = module.weight, module.weight.data_ptr()
+
+    def replace(state_dict, prefix, *args):
+        weight.data = weight.data.clone()
+
+    module._register_load_state_dict_pre_hook(replace)
+    given = shifted(module)
+    del given["bias"]
+    error_of(lambda: load(module, given, assign=True))
+    assert module.weight is weight and weight.data_ptr() == address
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_rule8_a_failed_load_that_wrote_nothing_leaves_versions_alone(swap):
+    module = linear()
+    versions = {k: v._version for k, v in module.state_dict(keep_vars=True).items()}
+    given = shifted(module)
+    given["bias"] = torch.zeros(7)
+    error_of(lambda: load(module, given, swap=swap, assign=True))
+    assert {k: v._version for k, v in module.state_dict(keep_vars=True).items()} == versions
+
+
+def test_same_value_tells_infinity_from_the_largest_finite_and_matches_complex_nan():
+    big = torch.finfo(torch.float32).max
+    assert not same_value(torch.tensor([float("inf")]), torch.tensor([big]))
+    z = torch.tensor([complex(float("nan"), 1.0), 2j])
+    assert same_value(z, z.clone()) and not same_value(z, z + 1)
+    assert same_value(torch.tensor([True]), torch.tensor([True]))
+    assert not same_value(torch.tensor([True]), torch.tensor([False]))
+
+
+def test_rule3_meta_warning_text_is_torchs():
+    ours, theirs = linear().to("meta"), linear().to("meta")
+    given = linear().state_dict()
+    with pytest.warns(UserWarning) as mine:
+        load(ours, given)
+    with pytest.warns(UserWarning) as torchs:
+        theirs.load_state_dict(given)
+    assert [str(w.message) for w in mine] == [str(w.message) for w in torchs]
+
+
+def test_rule3_a_failed_copy_is_torchs_copying_message():
+    ours, theirs = linear(), linear()
+    given = {k: v.to("meta") for k, v in ours.state_dict().items()}
+    mine = error_of(lambda: load(ours, given))
+    assert mine == error_of(lambda: theirs.load_state_dict(given))
+    assert 'While copying the parameter named "weight"' in mine
+
+
+def test_rule4_assign_of_a_real_value_into_an_uninitialized_slot_puts_it_in():
+    module = nn.Module()
+    module.w = nn.parameter.UninitializedParameter()
+    value = torch.ones(2)
+    load(module, {"w": value}, assign=True)
+    assert type(module.w) is nn.Parameter and torch.equal(module.w, value)
+
+
+def test_rule5_a_buffers_grad_goes_with_its_old_contents_as_in_torch():
+    ours, theirs = nn.Module(), nn.Module()
+    for module in (ours, theirs):
+        buffer = torch.ones(2, requires_grad=True)
+        (buffer * 2).sum().backward()
+        module.register_buffer("b", buffer)
+    load(ours, {"b": torch.zeros(2)}, swap=True)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    theirs.load_state_dict({"b": torch.zeros(2)})
+    assert ours.b.grad is None and theirs.b.grad is None
+
+
+def _recorded_hook_calls(module: nn.Module, call) -> list:
+    """What every pre-hook and ``_load_from_state_dict`` of ``module``'s tree received."""
+    seen = []
+
+    class Recording(nn.Linear):
+        def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *rest):
+            seen.append(("override", prefix, dict(local_metadata), strict))
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *rest)
+
+    module[1] = Recording(3, 2)
+    for m in module.modules():
+        m._register_load_state_dict_pre_hook(
+            lambda sd, prefix, meta, strict, *rest: seen.append(("hook", prefix, dict(meta),
+                                                                  strict)))
+    given = module.state_dict()
+    given._metadata = {"": {"version": 1}, "0": {"version": 7}}  # none for "1"
+    call(module, given)
+    return seen
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_rule2_metadata_and_strict_reach_hooks_and_overrides_as_in_torch(assign):
+    mine = _recorded_hook_calls(nn.Sequential(linear(), linear()),
+                                lambda m, sd: load(m, sd, assign=assign))
+    torchs = _recorded_hook_calls(nn.Sequential(linear(), linear()),
+                                  lambda m, sd: m.load_state_dict(sd, assign=assign))
+    assert mine == torchs
+    assert ("hook", "0.", {"version": 7, **({"assign_to_params_buffers": True} if assign else {})},
+            True) in mine
+
+
+def test_rule2_post_hook_returning_a_value_is_torchs_exact_assertion():
+    ours, theirs = linear(), linear()
+    for module in (ours, theirs):
+        module.register_load_state_dict_post_hook(lambda m, keys: keys)
+    with pytest.raises(AssertionError) as mine:
+        load(ours, ours.state_dict())
+    with pytest.raises(AssertionError) as torchs:
+        theirs.load_state_dict(theirs.state_dict())
+    assert str(mine.value) == str(torchs.value)
