@@ -26,7 +26,7 @@ from swapspec.properties.load_examples import (
 )
 from swapspec.strategies import tree_info
 
-TORCH_SEEN = ("2.13.0", None)
+TORCH_SEEN = ("2.9.0", None)  # observed on 2.9.0 (the XLA leg) and 2.13.0
 
 # ---- facts about torch's load_state_dict --------------------------------------------------
 
