@@ -23,7 +23,7 @@ from swapspec.properties.targets import load_target
 from tests.test_zoo import run_suite, statuses
 from tests.zoo import SEQUENCE_ZOO, selector, zoo_module
 
-SEQUENCES = 100
+SEQUENCES = 300
 FIXED = settings(max_examples=SEQUENCES, derandomize=True, database=None, deadline=None,
                  stateful_step_count=STEPS, phases=[Phase.explicit, Phase.generate])
 
