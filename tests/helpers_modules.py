@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import Tensor, nn
 
 FLAG_SETTINGS = [(False, False), (True, False), (False, True), (True, True)]
 FLAG_IDS = ["default", "overwrite", "swap", "overwrite+swap"]
+# Parametrizes a test over the four flag settings (arguments ``overwrite``, ``swap``).
+flag_settings = pytest.mark.parametrize(("overwrite", "swap"), FLAG_SETTINGS, ids=FLAG_IDS)
 
 
 def randn(*shape: int, seed: int = 0) -> Tensor:

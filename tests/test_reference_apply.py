@@ -12,8 +12,6 @@ from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
 from tests.helpers_modules import (
-    FLAG_IDS,
-    FLAG_SETTINGS,
     Nested,
     Shared,
     Tagged,
@@ -22,11 +20,10 @@ from tests.helpers_modules import (
     WithNones,
     assert_unchanged,
     fill_grads,
+    flag_settings,
     linear,
     snapshot,
 )
-
-flag_settings = pytest.mark.parametrize(("overwrite", "swap"), FLAG_SETTINGS, ids=FLAG_IDS)
 
 
 @pytest.fixture(autouse=True)

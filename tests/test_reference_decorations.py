@@ -28,17 +28,15 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 
 from swapspec import reference
 from tests.helpers_modules import (
-    FLAG_IDS,
-    FLAG_SETTINGS,
     Boom,
     assert_unchanged,
     fill_grads,
+    flag_settings,
     linear,
     randn,
     snapshot,
 )
 
-flag_settings = pytest.mark.parametrize(("overwrite", "swap"), FLAG_SETTINGS, ids=FLAG_IDS)
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Using backward\\(\\) with create_graph=True:UserWarning"
 )

@@ -24,16 +24,14 @@ from swapspec.properties.plugin import isolated_global_state
 from swapspec.properties.targets import torch_apply
 from swapspec.reference import overrides
 from tests.helpers_modules import (
-    FLAG_IDS,
-    FLAG_SETTINGS,
     assert_unchanged,
     fill_grads,
+    flag_settings,
     linear,
     randn,
     snapshot,
 )
 
-flag_settings = pytest.mark.parametrize(("overwrite", "swap"), FLAG_SETTINGS, ids=FLAG_IDS)
 # torch's CPU LSTM with proj_size warns that oneDNN falls back to its default implementation.
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
 
