@@ -43,6 +43,8 @@ from swapspec.strategies.conversions import CONVERSIONS
 from swapspec.strategies.trees import WRAPPERS
 
 trees = module_trees(lazy=False, wrappers=WRAPPERS, world_chance=WORLD_CHANCE)
+trainable_trees = module_trees(lazy=False, wrappers=WRAPPERS, world_chance=WORLD_CHANCE,
+                               needs=("trainable",))
 cpu_conversions = with_conversions(conversions(devices=(), raising=False))
 # Conversions after which backward() still runs on CPU: dense, real floating results.
 BACKWARD_SAFE = ("float()", "double()", "half()", "bfloat16()", "to(torch.float64)", "cpu()",
@@ -229,7 +231,7 @@ def _backward(module: torch.nn.Module, x: torch.Tensor) -> Outcome:
 
 
 @spec_property("APPLY-OPTIMIZER")
-@given(module=trees, conversion=backward_conversions, flags=flag_settings(),
+@given(module=trainable_trees, conversion=backward_conversions, flags=flag_settings(),
        optimizer=st.sampled_from(OPTIMIZERS), inputs=forward_inputs())
 def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, optimizer, inputs):
     """An optimizer built (and stepped) before the conversion holds the module's parameters after

@@ -53,7 +53,7 @@ DEFAULT_WORLDS = ("meta", "two-tensor")
 # Decorations a world cannot take: ``orthogonal`` checks its tensor's values (``allclose``).
 WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",)}
 NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
-         "parametrizable", "tensor")
+         "parametrizable", "tensor", "trainable")
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -379,6 +379,11 @@ def _catalogue_has_parameters(leaf: LeafSpec) -> bool:
     return any(not s.buffer for s in torch_modules.slots(leaf.entry, leaf.variant))
 
 
+def _weightless(leaf: LeafSpec) -> bool:
+    """A real layer built without an initialized ``weight`` (lazy, or ``affine=False``)."""
+    return leaf.kind == "LazyLinear" or (leaf.kind == "BatchNorm1d" and not leaf.bias)
+
+
 def _grad_survives(root: LeafSpec | ContainerSpec, taken: set[tuple[str, str]]) -> bool:
     """Whether a parameter outside ``taken`` (tied or decorated slots) is built with a grad."""
     for path, _, leaf in walk(root):
@@ -390,7 +395,8 @@ def _grad_survives(root: LeafSpec | ContainerSpec, taken: set[tuple[str, str]]) 
         if leaf.kind == "catalogue":
             if leaf.grad and _catalogue_has_parameters(leaf):
                 return True
-        elif leaf.kind != "generic" and leaf.grad and (path, "weight") not in taken:
+        elif (leaf.kind != "generic" and leaf.grad and (path, "weight") not in taken
+              and not _weightless(leaf)):
             return True
     return False
 
@@ -409,8 +415,7 @@ def _grad_giver(taken: set[tuple[str, str]]) -> Callable[[LeafSpec, str], LeafSp
             return None
         if leaf.kind == "catalogue":
             return dataclasses.replace(leaf, grad=True) if _catalogue_has_parameters(leaf) else None
-        if (leaf.kind == "LazyLinear" or (leaf.kind == "BatchNorm1d" and not leaf.bias)
-                or (path, "weight") in taken):
+        if _weightless(leaf) or (path, "weight") in taken:
             return None
         return dataclasses.replace(leaf, grad=True)
 
@@ -423,6 +428,60 @@ def _with_grad(root: LeafSpec | ContainerSpec, taken: set[tuple[str, str]]) -> L
 
 
 BIASED = ("Linear", "Conv1d", "Conv2d", "LayerNorm")
+
+
+_GRAD_DTYPES = ("float32", "float16", "float64", "bfloat16", "complex64")
+
+
+def _trainable_here(leaf: LeafSpec, path: str, taken: set[tuple[str, str]]) -> bool:
+    """Whether ``leaf`` is built with a parameter that requires grad and keeps its own object
+    (outside ``taken``, the tie targets). Host leaves: unknown, so no."""
+    if leaf.kind == "generic":
+        return any(not (t.buffer or t.none or t.frozen) and t.dtype in _GRAD_DTYPES
+                   and (path, t.name) not in taken for t in leaf.tensors)
+    if leaf.kind == "catalogue":
+        return not leaf.frozen and _catalogue_has_parameters(leaf)
+    if leaf.kind == "host" or _weightless(leaf):
+        return False
+    weight = not leaf.frozen and (path, "weight") not in taken
+    return weight or (leaf.bias and leaf.kind in (*BIASED, "BatchNorm1d")
+                      and (path, "bias") not in taken)
+
+
+def _unfreezer(taken: set[tuple[str, str]]) -> Callable[[LeafSpec, str], LeafSpec | None]:
+    """A ``change`` that makes a leaf's first frozen parameter outside ``taken`` (floating or
+    complex) trainable."""
+
+    def unfreeze(leaf: LeafSpec, path: str) -> LeafSpec | None:
+        if leaf.kind == "generic":
+            for i, t in enumerate(leaf.tensors):
+                if (t.frozen and not (t.buffer or t.none) and t.dtype in _GRAD_DTYPES
+                        and (path, t.name) not in taken):
+                    tensors = (*leaf.tensors[:i], dataclasses.replace(t, frozen=False),
+                               *leaf.tensors[i + 1:])
+                    return dataclasses.replace(leaf, tensors=tensors)
+            return None
+        if (leaf.kind == "host" or _weightless(leaf) or not leaf.frozen
+                or (path, "weight") in taken):
+            return None
+        if leaf.kind == "catalogue" and not _catalogue_has_parameters(leaf):
+            return None
+        return dataclasses.replace(leaf, frozen=False)
+
+    return unfreeze
+
+
+def _with_trainable(root: LeafSpec | ContainerSpec,
+                    taken: set[tuple[str, str]] = frozenset()) -> LeafSpec | ContainerSpec:
+    """``root`` unchanged if a parameter outside ``taken`` (tie targets) requires grad, else
+    with its first frozen one unfrozen, else (with nothing taken: before ties are drawn) with
+    a generic leaf of one parameter added as the root's last child."""
+    if any(isinstance(n, LeafSpec) and _trainable_here(n, p, taken) for p, _, n in walk(root)):
+        return root
+    root, done = _replace_first(root, _unfreezer(taken))
+    if done or taken:
+        return root
+    return _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),)))
 
 
 def _leaf_has_none(leaf: LeafSpec) -> bool:
@@ -576,6 +635,8 @@ def tree_specs(
         root = _with_updating_leaf(root, o.behaviours)
     if "parametrizable" in o.needs:
         root = _with_matrix_parameter(root)
+    if "trainable" in o.needs:
+        root = _with_trainable(root)
     if "tensor" in o.needs and not tree_slots(root):
         root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),)))
     if "grad" in o.needs and o.grads and all(slot.buffer for slot in tree_slots(root)):
@@ -598,6 +659,8 @@ def tree_specs(
              | {(d.path, d.name) for d in decorations if d.kind != "tensor-hooks"})
     if "grad" in o.needs and o.grads:
         root = _with_grad(root, taken)
+    if "trainable" in o.needs:  # a tie to a frozen parameter can take the trainable one
+        root = _with_trainable(root, {slot for tie in tie_specs for slot in tie.slots[1:]})
     training = not _chance(draw, 25)
     trained = _trained(draw, root, training_chance, "leaf-grads" in o.needs)
     world = "" if trained else world  # a trained tree's grads come from a real backward
@@ -702,10 +765,11 @@ def module_trees(
       ``'updating-leaf'`` (a generic leaf updates or rebinds a buffer in forward, one of
       ``behaviours``' ``inplace``/``rebind``), ``'parametrizable'`` (a plain float32 matrix
       parameter, which every parametrization applies to; decorations are then drawn among the
-      kinds that have a slot), ``'tensor'`` (at least one tensor slot).
-      A tree with no
-      leaf that can take the
-      feature (no parameter at all) is drawn as it is.
+      kinds that have a slot), ``'tensor'`` (at least one tensor slot), ``'trainable'`` (a
+      parameter that requires grad: the first frozen one is unfrozen, or a generic leaf of one
+      parameter is added).
+      A tree with no leaf that can take the feature (no parameter at all; for ``'grad'``, every
+      parameter tied or decorated) is drawn as it is.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.

@@ -306,3 +306,39 @@ def test_simple_call_inputs_run_through_functional_call(data: st.DataObject) -> 
         warnings.simplefilter("ignore")
         out = torch.func.functional_call(module, call.tensors, call.args, call.kwargs, tie_weights=call.tie_weights)
     assert out.shape == (BATCH, FEATURES)
+
+
+def _aliased(module: nn.Module) -> bool:
+    objects = [id(t) for _, t in tensors(module)]
+    return len(objects) != len(set(objects))
+
+
+def _has_none_slot(module: nn.Module) -> bool:
+    return any(t is None for m in module.modules() for t in (*m._parameters.values(), *m._buffers.values()))
+
+
+# need -> what every built module then has, checked on the module itself (not on its spec)
+NEED_CHECKS = {
+    "trainable": lambda m: any(p.requires_grad for p in m.parameters()),
+    "tensor": lambda m: bool(tensors(m)),
+    "grad": lambda m: any(p.grad is not None for p in m.parameters()),
+    "none-slot": _has_none_slot,
+    "container-root": lambda m: bool(list(m.children())),
+    "alias": _aliased,
+    "leaf-grads": lambda m: all(p.grad is None or p.grad.grad_fn is None for p in m.parameters()),
+}
+
+
+# the documented exceptions ("a tree with no leaf that can take the feature is drawn as it is"),
+# kept out: a tree with no tensor cannot alias; a parameter tied or decorated keeps no grad
+NEED_OPTIONS = {"alias": {"needs": ("tensor", "alias")},
+                "grad": {"needs": ("grad",), "decoration_chance": 0, "ties": False}}
+
+
+@pytest.mark.parametrize("need", sorted(NEED_CHECKS))
+@SETTINGS
+@given(data=st.data())
+def test_needs_give_every_tree_the_feature(need: str, data: st.DataObject) -> None:
+    options = NEED_OPTIONS.get(need, {"needs": (need,)})
+    module = data.draw(module_trees(lazy=False, **options))
+    assert NEED_CHECKS[need](module), f"a tree drawn with {options} lacks {need!r}"
