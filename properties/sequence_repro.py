@@ -17,6 +17,7 @@ from torch import Tensor
 PRELUDE = [
     "import collections",
     "import copy",
+    "import gc",
     "import random",
     "import torch",
     "",
@@ -115,5 +116,5 @@ def script(target: Any, build: list[str], steps: list[list[str]], asserts: list[
     """The whole repro: prelude, target, build, every step (numbered), then the asserts."""
     lines = [*PRELUDE, *target_lines(target), *build]
     for n, step in enumerate(steps, 1):
-        lines += [f"# step {n}", *step]
+        lines += [f"# step {n}", "gc.collect()  # as the sequence does before each step", *step]
     return "\n".join([*lines, "# the broken rule:", *asserts])

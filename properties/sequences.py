@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import random
 import warnings
 from collections import Counter
@@ -413,7 +414,13 @@ class SequenceMachine(RuleBasedStateMachine):
 
     def begin(self, step: str, **example: Any) -> StepCheck:
         """The check of a step about to run: its declarations are matched now, on the module
-        before the step (a predicate describes the input, never the outcome)."""
+        before the step (a predicate describes the input, never the outcome).
+
+        Garbage is collected first: a reference cycle left by an earlier step (an exception's
+        traceback holding an autograd graph) can keep a tensor's implementation referenced, and
+        ``swap_tensors`` refuses such a tensor, so without it a step's outcome would depend on
+        when Python's collector last ran."""
+        gc.collect()
         return StepCheck(self.property_id, self.target,
                          StepExample(self.module, step=step, **example))
 
