@@ -57,14 +57,24 @@ def torch_refused(example: Any) -> set[int]:
 
 
 def _probe_refused(module: nn.Module) -> set[int]:
+    """A tensor where the fresh build has it on the same device is probed on the build; one the
+    module has since moved (``XLA-LOAD-INTO`` moves it to XLA; the build's autograd state says
+    nothing about it then) is probed in place, swapped with a copy and straight back."""
     info = tree_info(module)
     if info is None:
         return set()
-    copy = info.build()
-    refused = {name for name, t in named_tensors(copy).items()
-               if not is_lazy(t) and not _swappable_now(t)}
-    named = named_tensors(module)
-    return {id(named[n]) for n in refused if n in named}
+    copy = info.build()  # kept alive: its computed attributes hold the graphs that refuse
+    built = named_tensors(copy)
+    refused = set()
+    for name, t in named_tensors(module).items():
+        if is_lazy(t):
+            continue
+        probe = built.get(name)
+        if probe is None:
+            continue
+        if not _swappable_now(probe if probe.device == t.device else t):
+            refused.add(id(t))
+    return refused
 
 
 def _swappable_now(t: Tensor) -> bool:
@@ -108,7 +118,7 @@ def refused_with_conflict(example: Any) -> bool:
 def writes_before_failing(example: Any) -> bool:
     """torch writes every fitting key even when the load then raises, and some write shows:
     a swap (a new TensorImpl, unless torch refuses it and the value is the slot's own), an
-    assign (a new object in the slot), or a copy of other values."""
+    assign (a new object in the slot), or copies that leave other values (``_copies_show``)."""
     load = example.load
     if not spec_fails(example):
         return False
@@ -118,9 +128,23 @@ def writes_before_failing(example: Any) -> bool:
             return True
         if not load.swap and load.assign and value is not slot:
             return True
-        if not load.swap and not _copy_keeps(slot, value):
-            return True
-    return False
+    return not load.swap and not load.assign and _copies_show(example)
+
+
+def _copies_show(example: Any) -> bool:
+    """On the copy path each slot object ends with the last value copied into it that is not
+    an alias of it (copying an alias copies what the slot holds by then); it shows when that
+    value differs from the slot's own."""
+    finals: dict[int, tuple[Tensor, Any]] = {}
+    for _, slot, value in _written(example):
+        if not _aliases(value, slot):
+            finals[id(slot)] = (slot, value)
+    return any(not _copy_keeps(slot, value) for slot, value in finals.values())
+
+
+def _aliases(value: Any, slot: Tensor) -> bool:
+    return (isinstance(value, Tensor) and value.device == slot.device and not is_lazy(slot)
+            and bool(torch._C._is_alias_of(value, slot)))
 
 
 def vectors_for_scalars(example: Any) -> list[str]:
