@@ -117,15 +117,17 @@ def refused_with_conflict(example: Any) -> bool:
 
 def writes_before_failing(example: Any) -> bool:
     """torch writes every fitting key even when the load then raises, and some write shows:
-    a swap (a new TensorImpl, unless torch refuses it and the value is the slot's own), an
+    a swap (a new TensorImpl; if torch refuses it, the values ``module_load`` copied in first,
+    without ``assign``), an
     assign (a new object in the slot), or copies that leave other values (``_copies_show``)."""
     load = example.load
     if not spec_fails(example):
         return False
     refused = torch_refused(example) if load.swap else set()
     for _, slot, value in _written(example):
-        if load.swap and (id(slot) not in refused or not _copy_keeps(slot, value)):
-            return True
+        if load.swap and (id(slot) not in refused
+                          or (not load.assign and not _copy_keeps(slot, value))):
+            return True  # a refused swap still shows module_load's copy_ (not with assign)
         if not load.swap and load.assign and value is not slot:
             return True
     return not load.swap and not load.assign and _copies_show(example)
