@@ -20,8 +20,8 @@ FUNCTIONAL_CALL = (
 )
 TOGETHER = ("TOGETHER-APPLY-IN-FORWARD", "TOGETHER-CONVERTED-CALL")
 XLA = (
-    "XLA-DTYPE-PATH", "XLA-FUNCTIONAL-CALL", "XLA-MOVE-ALL-FLAGS", "XLA-ROUND-TRIP",
-    "XLA-SET-DATA-REFUSED", "XLA-STATE",
+    "XLA-DTYPE-PATH", "XLA-FUNCTIONAL-CALL", "XLA-LOAD-FROM", "XLA-LOAD-INTO",
+    "XLA-MOVE-ALL-FLAGS", "XLA-ROUND-TRIP", "XLA-SET-DATA-REFUSED", "XLA-STATE",
 )
 SEQUENCES = ("SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER", "SEQ-STATE")
 LOAD = (
@@ -46,5 +46,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "FC-STRICT": ("functional_call", "strict"),
     "FC-INPUT-FORMS": ("functional_call", "tuple_inputs"),
     "XLA-FUNCTIONAL-CALL": ("functional_call",),
+    "XLA-LOAD-FROM": ("load_state_dict",),
+    "XLA-LOAD-INTO": ("load_state_dict",),
     "XLA-SET-DATA-REFUSED": (),  # a fact about the torch build, whatever the target
 }

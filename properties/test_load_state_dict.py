@@ -17,16 +17,21 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.common import Outcome, attempt, no_error, slot_code, spec_property
+from swapspec.properties.common import no_error, slot_code, spec_property
 from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, named_tensors
+from swapspec.properties.load_checks import (
+    check_load_path,
+    expected_paths,
+    holds_value,
+    load_succeeds,
+    run_load,
+    slot_ties,
+)
 from swapspec.properties.load_examples import (
     changes,
     conflicting_groups,
-    equal_values,
-    is_own_data,
     key_model,
-    meta_into_real,
     snapshot_for_load,
     swap_refused,
 )
@@ -58,22 +63,8 @@ def _setup(target, property_id: str, module: nn.Module, load: LoadInput):
     return example, Checker(property_id, target, example)
 
 
-def run_load(target: Any, example: Example) -> Outcome:
-    load = example.load
-    return attempt(lambda: target.load_state_dict(example.module, load.state_dict,
-                                                  strict=load.strict, assign=load.assign,
-                                                  swap=load.swap))
-
-
 def _verdict(check: Checker, example: Example, target: Any) -> None:
     check.verdict(partial(load_repro, example, target))
-
-
-def _succeeds(module: nn.Module, load: LoadInput) -> bool:
-    """The spec's load of this input succeeds: valid keys, no conflict, nothing refused."""
-    model = key_model(module, load.state_dict)
-    return not model.fails(load.strict) and not (load.swap and swap_refused(module)) \
-        and (load.assign or not meta_into_real(module, load.state_dict))
 
 
 def loads(safe: bool = False, **options: Any):
@@ -95,38 +86,17 @@ def test_load_path(target, drawn):
     ``load_state_dict``'s ``assign`` argument (loading into ``meta`` models).
     """
     module, load = drawn
-    assume(_succeeds(module, load))
+    assume(load_succeeds(module, load))
     example, check = _setup(target, "LOAD-PATH", module, load)
     before = named_tensors(module)
     cdata = {id(t): t._cdata for t in before.values()}
-    expected: dict[str, str] = {}  # the first key of each object; decided before the load
-    for key, value in load.state_dict.items():
-        slot = before.get(key)
-        if slot is not None and not any(before[k] is slot for k in expected):
-            expected[key] = _expected_path(slot, value, load)
+    expected = expected_paths(before, load)
     outcome = run_load(target, example)
     if no_error(check, outcome, "load_state_dict"):
         after = named_tensors(module)
         for key, path in expected.items():
-            _check_path(check, key, before[key], after[key], cdata[id(before[key])], path)
+            check_load_path(check, key, before[key], after[key], cdata[id(before[key])], path)
     _verdict(check, example, target)
-
-
-def _expected_path(slot: Tensor, value: Any, load: LoadInput) -> str:
-    if load.assign and is_own_data(slot, value):
-        return "kept"
-    return "swap" if load.swap else "assign" if load.assign else "copy"
-
-
-def _check_path(check: Checker, key: str, before: Tensor, now: Tensor, cdata: int,
-                path: str) -> None:
-    same, kept = now is before, now._cdata == cdata
-    shown = {"copy": same and kept, "kept": same and kept, "swap": same and not kept,
-             "assign": not same}[path]
-    check.that(shown, f"path-{path}",
-               f"{key!r} should take the {path} path (object kept: {same}, TensorImpl kept: "
-               f"{kept})", code=f"{slot_code(key)} {'is not' if path == 'assign' else 'is'} "
-               f"before[{key!r}]")
 
 
 @spec_property("LOAD-VALUES", suppress=FILTERED)
@@ -139,7 +109,7 @@ def test_load_values(target, drawn):
     keeps the state dict's tensor properties, ``requires_grad`` apart).
     """
     module, load = drawn
-    assume(_succeeds(module, load))
+    assume(load_succeeds(module, load))
     example, check = _setup(target, "LOAD-VALUES", module, load)
     before = named_tensors(module)
     kinds = {id(t): (t.dtype, t.device) for t in before.values()}
@@ -149,24 +119,10 @@ def test_load_values(target, drawn):
         for key, value in load.state_dict.items():
             if key in before and isinstance(value, Tensor):
                 dtype, device = (value.dtype, value.device) if load.assign else kinds[id(before[key])]
-                check.that(_holds(after[key], value, dtype, device), "value",
+                check.that(holds_value(after[key], value, dtype, device), "value",
                            f"{key!r} does not hold its value as {dtype} on {device}: "
                            f"got {after[key].dtype} on {after[key].device}")
     _verdict(check, example, target)
-
-
-def _dense(t: Tensor) -> Tensor:
-    """A plain tensor of ``t``'s values (a TwoTensor's first half)."""
-    t = t.detach()
-    return t.a if is_traceable_wrapper_subclass(t) and hasattr(t, "a") else t.as_subclass(Tensor)
-
-
-def _holds(now: Tensor, value: Tensor, dtype: torch.dtype, device: torch.device) -> bool:
-    if (now.dtype, now.device) != (dtype, device):
-        return False
-    if now.is_meta or value.is_meta:
-        return True
-    return equal_values(_dense(now), _dense(value).to(dtype=dtype, device=device))
 
 
 @spec_property("LOAD-KEYS")
@@ -252,7 +208,7 @@ def test_load_ties(target, module, data):
     ``functional_call``); with ``assign=True`` torch puts a new Parameter into each slot.
     """
     load = data.draw(state_dicts(module, kinds=SAFE_KINDS, invalid=False), label="load")
-    groups = _slot_ties(module)
+    groups = slot_ties(module)
     assume(groups)
     assume(not (load.swap and swap_refused(module)))
     example, check = _setup(target, "LOAD-TIES", module, load)
@@ -276,18 +232,6 @@ def test_load_ties(target, module, data):
     _verdict(check, example, target)
 
 
-def _slot_ties(module: nn.Module) -> list[list[str]]:
-    """Names of one tensor object held in two or more distinct (module, key) slots."""
-    by_id: dict[int, dict[tuple[int, str], str]] = {}
-    for prefix, m in module.named_modules(remove_duplicate=False):
-        for registry in (m._parameters, m._buffers):
-            for key, t in registry.items():
-                if t is not None:
-                    name = f"{prefix}.{key}" if prefix else key
-                    by_id.setdefault(id(t), {}).setdefault((id(m), key), name)
-    return [list(slots.values()) for slots in by_id.values() if len(slots) > 1]
-
-
 @spec_property("LOAD-IDENTITY", suppress=FILTERED)
 @given(drawn=loads(safe=True, swap=True))
 def test_load_identity_on_swap_path(target, drawn):
@@ -299,7 +243,7 @@ def test_load_identity_on_swap_path(target, drawn):
     and hooks built before ``load_state_dict`` keep working).
     """
     module, load = drawn
-    assume(_succeeds(module, load))
+    assume(load_succeeds(module, load))
     example, check = _setup(target, "LOAD-IDENTITY", module, load)
     params = list({id(p): p for p in module.parameters()}.values())
     assume(params)

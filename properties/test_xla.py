@@ -8,13 +8,14 @@ fallback and its flag, #113000 the swap path. These run only where ``torch_xla``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from functools import partial
 
 import pytest
 import torch
-from hypothesis import assume, given
+from hypothesis import HealthCheck, assume, given
 from hypothesis import strategies as st
 
 from swapspec import reference
@@ -32,7 +33,16 @@ from swapspec.properties.common import (
 )
 from swapspec.properties.deviations import Checker, Violation
 from swapspec.properties.examples import Example, alias_groups, named_tensors, same_values
-from swapspec.properties.repro import apply_repro
+from swapspec.properties.load_checks import (
+    check_load_path,
+    expected_paths,
+    holds_value,
+    load_succeeds,
+    run_load,
+    slot_ties,
+)
+from swapspec.properties.load_examples import changes, key_model, snapshot_for_load, swap_refused
+from swapspec.properties.repro import apply_repro, load_repro
 from swapspec.strategies import (
     BATCH,
     FEATURES,
@@ -43,6 +53,7 @@ from swapspec.strategies import (
     xla_device,
 )
 from swapspec.strategies.devices import xla_available
+from swapspec.strategies.state_dicts import LoadInput, state_dicts
 
 pytestmark = pytest.mark.skipif(
     not xla_available(), reason="torch_xla is not installed: run .ci/xla-leg for the XLA leg")
@@ -337,3 +348,132 @@ def _fc_repro(module, violations: list[Violation]) -> str:
     lines += [f"# broken rule [{v.clause}]: {v.message}" for v in violations]
     return "\n".join(lines)
 
+
+
+# ---- load_state_dict across devices ---------------------------------------------------------
+
+LOAD_KINDS = ("own", "fresh", "other-dtype")  # values that move to another device as they are
+
+
+@spec_property("XLA-LOAD-INTO", suppress=(HealthCheck.filter_too_much,))
+@given(module=trees, data=st.data())
+def test_xla_load_into(target, xla, module, data):
+    """A CPU state dict loaded into a module on XLA follows the LOAD- rules: a load that
+    succeeds leaves each value on XLA (on the CPU with ``assign``), each tensor on its LOAD-PATH
+    path, ties kept, and on the swap path each parameter's class, attributes, ``requires_grad``
+    and grad; a load that fails raises and leaves the module exactly as it was.
+
+    The module is moved to XLA by the reference (so the setup cannot deviate), the state dict is
+    drawn for it and each value copied to the CPU (one copy per object, so ties in the state dict
+    stay ties). Origin: checkpoints saved on the CPU and loaded into a model already on the
+    accelerator (``model.to(xla)`` then ``model.load_state_dict(torch.load(...))``).
+    """
+    reference.apply(module, TO_XLA.make_fn(), overwrite=False, swap=False)
+    load = _moved(data.draw(state_dicts(module, kinds=LOAD_KINDS), label="load"),
+                  torch.device("cpu"))
+    _check_cross_device_load(target, "XLA-LOAD-INTO", module, load, into=True)
+
+
+@spec_property("XLA-LOAD-FROM", suppress=(HealthCheck.filter_too_much,))
+@given(module=trees, data=st.data())
+def test_xla_load_from(target, xla, module, data):
+    """An XLA state dict loaded into a module on the CPU follows the LOAD- rules: a load that
+    succeeds leaves each value on the CPU (on XLA with ``assign``), each tensor on its LOAD-PATH
+    path, ties kept, and on the swap path each parameter's class, attributes, ``requires_grad``
+    and grad; a load that fails raises and leaves the module exactly as it was.
+
+    The state dict is drawn for the CPU module and each value copied to XLA (one copy per
+    object). Origin: checkpoints saved from a model on the accelerator
+    (``model.state_dict()`` after ``model.to(xla)``) loaded into a CPU model.
+    """
+    load = _moved(data.draw(state_dicts(module, kinds=LOAD_KINDS), label="load"), xla)
+    _check_cross_device_load(target, "XLA-LOAD-FROM", module, load, into=False)
+
+
+def _moved(load: LoadInput, device: torch.device) -> LoadInput:
+    """``load`` with each tensor value copied to ``device``, one copy per object."""
+    made: dict[int, torch.Tensor] = {}
+    moved = {}
+    for key, value in load.state_dict.items():
+        if isinstance(value, torch.Tensor):
+            value = made.setdefault(id(value), value.detach().to(device))
+        moved[key] = value
+    return dataclasses.replace(load, state_dict=moved)
+
+
+def _check_cross_device_load(target, property_id: str, module, load: LoadInput,
+                             into: bool) -> None:
+    assume(not (load.swap and swap_refused(module)))
+    example = Example(module, load=load)
+    check = Checker(property_id, target, example)
+    before = snapshot_for_load(module)
+    names = named_tensors(module)
+    paths = expected_paths(names, load)
+    groups = slot_ties(module)
+    succeeds = load_succeeds(module, load)
+    assume(succeeds or key_model(module, load.state_dict).fails(load.strict))
+    outcome = run_load(target, example)
+    if not succeeds:
+        check.that(isinstance(outcome.error, RuntimeError), "raised-none",
+                   f"expected torch's RuntimeError, got {outcome.error!r}")
+        changed = changes(before, module)
+        check.that(not changed, "changed", f"the failed load changed the module: {changed[:4]}")
+    elif no_error(check, outcome, "load_state_dict"):
+        after = named_tensors(module)
+        for key, path in paths.items():
+            check_load_path(check, key, names[key], after[key], before.tensors[id(names[key])].cdata,
+                            path)
+        _check_loaded_values(check, names, after, load)
+        _check_load_ties(check, groups, after)
+        if load.swap:
+            _check_swap_identity(check, before, module, load)
+    check.verdict(lambda violations: _load_repro(example, target, violations, into))
+
+
+def _check_loaded_values(check: Checker, names, after, load: LoadInput) -> None:
+    for key, value in load.state_dict.items():
+        if key in names and isinstance(value, torch.Tensor):
+            slot = names[key]
+            dtype, device = (value.dtype, value.device) if load.assign else (slot.dtype, slot.device)
+            check.that(holds_value(after[key], value, dtype, device), "value",
+                       f"{key!r} does not hold its value as {dtype} on {device}: got "
+                       f"{after[key].dtype} on {after[key].device}")
+
+
+def _check_load_ties(check: Checker, groups: list[list[str]], after) -> None:
+    for names in groups:
+        held = len({id(after[n]) for n in names})
+        check.that(held == 1, "tie-split", f"{names} held one tensor and now hold {held}",
+                   code=" is ".join(slot_code(n) for n in names[:2]))
+
+
+def _check_swap_identity(check: Checker, before, module, load: LoadInput) -> None:
+    """On the swap path: class (the value's with ``assign``), attributes, requires_grad, grad."""
+    for name, p in module.named_parameters():
+        rec = before.tensors.get(id(p))
+        if rec is None or name not in load.state_dict:
+            continue
+        check.that(load.assign or type(p) is rec.cls, "class",
+                   f"{name!r} changed class {rec.cls.__name__} -> {type(p).__name__}")
+        check.that(all(a in p.__dict__ for a in rec.attributes), "attributes",
+                   f"{name!r} lost instance attributes {rec.attributes}")
+        check.that(p.requires_grad == rec.requires_grad, "requires-grad",
+                   f"{name!r} requires_grad changed")
+        check.that(rec.grad is None or p.grad is not None, "grad", f"{name!r} lost its grad")
+
+
+def _load_repro(example: Example, target, violations: list[Violation], into: bool) -> str:
+    """``load_repro``'s script, with the module moved to XLA (into) or the values (from)."""
+    lines = load_repro(example, target, violations, verify=False).splitlines()
+    if into:
+        at = lines.index("module = build_module()")
+        lines.insert(at + 1, "reference.apply(module, lambda t: t.to(xla_device()), "
+                             "overwrite=False, swap=False)")
+    else:
+        at = next(i for i, line in enumerate(lines) if line.startswith("state_dict = "))
+        lines.insert(at + 1, "moved = {}; state_dict = {k: moved.setdefault(id(v), "
+                             "v.detach().to(xla_device())) if isinstance(v, torch.Tensor) "
+                             "else v for k, v in state_dict.items()}")
+    start = next(i for i, line in enumerate(lines) if not line.startswith("from __future__"))
+    lines[start:start] = [*REPRO_HEADER.splitlines(), "from swapspec import reference"]
+    return "\n".join(lines + [f"# broken rule [{v.clause}]: {v.message}" for v in violations])

@@ -27,6 +27,8 @@ from swapspec.properties.load_examples import (
 from swapspec.strategies import tree_info
 
 TORCH_SEEN = ("2.9.0", None)  # observed on 2.9.0 (the XLA leg) and 2.13.0
+# Observed on 2.9.0, fixed on 2.13.0 (pytorch #165873); 2.10-2.12 not run here.
+TORCH_SCALAR_INDEXED = ("2.9.0", "2.10")
 
 # ---- facts about torch's load_state_dict --------------------------------------------------
 
@@ -55,14 +57,24 @@ def torch_refused(example: Any) -> set[int]:
 
 
 def _probe_refused(module: nn.Module) -> set[int]:
+    """A tensor where the fresh build has it on the same device is probed on the build; one the
+    module has since moved (``XLA-LOAD-INTO`` moves it to XLA; the build's autograd state says
+    nothing about it then) is probed in place, swapped with a copy and straight back."""
     info = tree_info(module)
     if info is None:
         return set()
-    copy = info.build()
-    refused = {name for name, t in named_tensors(copy).items()
-               if not is_lazy(t) and not _swappable_now(t)}
-    named = named_tensors(module)
-    return {id(named[n]) for n in refused if n in named}
+    copy = info.build()  # kept alive: its computed attributes hold the graphs that refuse
+    built = named_tensors(copy)
+    refused = set()
+    for name, t in named_tensors(module).items():
+        if is_lazy(t):
+            continue
+        probe = built.get(name)
+        if probe is None:
+            continue
+        if not _swappable_now(probe if probe.device == t.device else t):
+            refused.add(id(t))
+    return refused
 
 
 def _swappable_now(t: Tensor) -> bool:
@@ -76,6 +88,11 @@ def _swappable_now(t: Tensor) -> bool:
         return False
     torch.utils.swap_tensors(t, probe)
     return True
+
+
+def spec_fails(example: Any) -> bool:
+    """The spec's load of the example fails (a bad value, a conflict, or strict and bad keys)."""
+    return key_model(example.module, example.load.state_dict).fails(example.load.strict)
 
 
 def swap_refused_by_torch(example: Any) -> bool:
@@ -100,18 +117,69 @@ def refused_with_conflict(example: Any) -> bool:
 
 def writes_before_failing(example: Any) -> bool:
     """torch writes every fitting key even when the load then raises, and some write shows:
-    a swap (a new TensorImpl, unless torch refuses it and the value is the slot's own), an
-    assign (a new object in the slot), or a copy of other values."""
+    a swap (a new TensorImpl; if torch refuses it, the values ``module_load`` copied in first,
+    without ``assign``), an
+    assign (a new object in the slot), or copies that leave other values (``_copies_show``)."""
     load = example.load
+    if not spec_fails(example):
+        return False
     refused = torch_refused(example) if load.swap else set()
     for _, slot, value in _written(example):
-        if load.swap and (id(slot) not in refused or not equal_values(slot.detach(), value)):
-            return True
+        if load.swap and (id(slot) not in refused
+                          or (not load.assign and not _copy_keeps(slot, value))):
+            return True  # a refused swap still shows module_load's copy_ (not with assign)
         if not load.swap and load.assign and value is not slot:
             return True
-        if not load.swap and not equal_values(slot.detach(), value):
-            return True
-    return False
+    return not load.swap and not load.assign and _copies_show(example)
+
+
+def _copies_show(example: Any) -> bool:
+    """On the copy path each slot object ends with the last value copied into it that is not
+    an alias of it (copying an alias copies what the slot holds by then); it shows when that
+    value differs from the slot's own."""
+    finals: dict[int, tuple[Tensor, Any]] = {}
+    for _, slot, value in _written(example):
+        if not _aliases(value, slot):
+            finals[id(slot)] = (slot, value)
+    return any(not _copy_keeps(slot, value) for slot, value in finals.values())
+
+
+def _aliases(value: Any, slot: Tensor) -> bool:
+    return (isinstance(value, Tensor) and value.device == slot.device and not is_lazy(slot)
+            and bool(torch._C._is_alias_of(value, slot)))
+
+
+def vectors_for_scalars(example: Any) -> list[str]:
+    """Keys whose slot is 0-dim and whose value is 1-dim of length 2 or more: torch before
+    pytorch #165873's fix loads ``value[0]`` into the slot instead of reporting a size mismatch."""
+    own, given = _own(example), example.load.state_dict
+    return [k for k, v in given.items() if isinstance(own.get(k), Tensor) and not is_lazy(own[k])
+            and own[k].dim() == 0 and torch.overrides.is_tensor_like(v) and v.dim() == 1
+            and v.shape[0] >= 2]
+
+
+def scalar_takes_first_element(example: Any) -> bool:
+    """Such a key (``vectors_for_scalars``) was the load's only failure, so torch does not
+    raise, or torch's write of ``value[0]`` shows (another object, another TensorImpl, or
+    other values)."""
+    keys = vectors_for_scalars(example)
+    if not keys:
+        return False
+    load = example.load
+    model = key_model(example.module, load.state_dict)
+    only_these = (set(model.bad_values) <= set(keys) and not model.conflicts
+                  and not (load.strict and (model.missing or model.unexpected)))
+    own = _own(example)
+    return only_these or load.swap or load.assign or any(
+        not _copy_keeps(own[k], load.state_dict[k][0]) for k in keys)
+
+
+def _copy_keeps(slot: Tensor, value: Tensor) -> bool:
+    """``slot.copy_(value)`` leaves the slot's values as they are."""
+    if slot.is_meta or value.is_meta:
+        return True
+    cast = value.detach().to(dtype=slot.dtype, device=slot.device)
+    return equal_values(slot.detach().cpu(), cast.cpu())
 
 
 def _conflict_only(example: Any) -> bool:
@@ -129,7 +197,7 @@ def assign_splits_ties(example: Any) -> bool:
     """``assign=True`` without swap: torch's ``setattr`` puts ``Parameter(value)`` (a new object
     per key) or the value itself in each slot, so slots that held one object may differ after."""
     load = example.load
-    if not load.assign or load.swap or conflicting_groups(example.module, load.state_dict):
+    if not load.assign or load.swap or spec_fails(example):
         return False
     given, order = load.state_dict, list(load.state_dict)
     finals: dict[int, dict[tuple[int, str], tuple[int, Any]]] = {}
@@ -208,7 +276,8 @@ def swapped_twice(example: Any) -> bool:
     """Under the swap flag torch swaps a tensor once per key that reaches it (tied names, a
     shared submodule's paths): the second swap can put a TensorImpl at the address the first
     one freed, so ``_cdata`` reads as kept."""
-    return example.load.swap and any(n > 1 for n in _swap_counts(example).values())
+    return example.load.swap and not spec_fails(example) and any(
+        n > 1 for n in _swap_counts(example).values())
 
 
 def _swap_counts(example: Any) -> dict[int, int]:
@@ -248,6 +317,18 @@ def swap_loses_identity(example: Any) -> bool:
                or (not load.assign and type(p) is not nn.Parameter) for p in _params(example))
 
 
+def swap_drops_written_identity(example: Any) -> bool:
+    """``swap_loses_identity`` for the parameters torch writes (the check of the XLA-LOAD-
+    properties, which sets no hooks): a grad, instance attributes, or (without ``assign``) a
+    Parameter subclass."""
+    load = example.load
+    if not load.swap or swap_refused_by_torch(example) or spec_fails(example):
+        return False
+    written = {id(slot): slot for _, slot, _ in _written(example) if isinstance(slot, nn.Parameter)}
+    return any(p.grad is not None or p.__dict__ or (not load.assign and type(p) is not nn.Parameter)
+               for p in written.values())
+
+
 def round_trip_swap_loses_identity(example: Any) -> bool:
     load = example.load
     if not load.swap or swap_refused_by_torch(example) or _has_uninitialized(example):
@@ -263,8 +344,9 @@ def uninitialized_refused(example: Any) -> bool:
 
 # ---- declarations ---------------------------------------------------------------------------
 
+CROSS_DEVICE = ("XLA-LOAD-INTO", "XLA-LOAD-FROM")  # the LOAD- rules across devices (test_xla.py)
 SUCCEEDING = ("LOAD-PATH", "LOAD-VALUES", "LOAD-KEYS", "LOAD-IDENTITY", "LOAD-TIES",
-              "LOAD-ROUND-TRIP")
+              "LOAD-ROUND-TRIP", *CROSS_DEVICE)
 
 LOAD_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
@@ -278,7 +360,26 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "or 2 ... got 3",
         TORCH_SEEN),
     Deviation(
-        "LOAD-ATOMIC", writes_before_failing, "changed",
+        ("LOAD-ATOMIC", *CROSS_DEVICE), scalar_takes_first_element, ("raised-none", "changed"),
+        "torch before pytorch #165873's fix indexes any 1-dim value given for a 0-dim slot "
+        "(value[0]) instead of only a (1,)-shaped one, so a wrong-shaped value loads its first "
+        "element: no size mismatch is reported, and a load failing for another key still writes "
+        "it. Seen on torch 2.9.0; torch 2.13.0 raises the size mismatch.\n"
+        "m = torch.nn.Module(); m.register_buffer('b', torch.tensor(0.5))\n"
+        "m.load_state_dict({'b': torch.zeros(2)})  # no error\n"
+        "assert m.b.item() == 0.0",
+        TORCH_SCALAR_INDEXED),
+    Deviation(
+        "LOAD-KEYS", lambda e: bool(vectors_for_scalars(e)), ("raised-none", "message"),
+        "The 0-dim slot given a longer 1-dim value (see the LOAD-ATOMIC deviation of torch "
+        "before pytorch #165873's fix): torch reports no size mismatch for it, so the load does "
+        "not raise, or raises without naming that key.\n"
+        "m = torch.nn.Module(); m.register_buffer('b', torch.tensor(0.5))\n"
+        "m.load_state_dict({'b': torch.zeros(2), 'extra': torch.zeros(1)})\n"
+        "# RuntimeError naming only the unexpected key 'extra'",
+        TORCH_SCALAR_INDEXED),
+    Deviation(
+        ("LOAD-ATOMIC", *CROSS_DEVICE), writes_before_failing, "changed",
         "torch loads key by key and only raises at the end, so every key it could load stays "
         "loaded when another key fails.\n"
         "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
@@ -299,7 +400,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(sd)  # RuntimeError (weight_g), and bias, s are loaded",
         TORCH_SEEN),
     Deviation(
-        ("LOAD-TIES", "LOAD-ATOMIC", "LOAD-KEYS"), _conflict_only,
+        ("LOAD-TIES", "LOAD-ATOMIC", "LOAD-KEYS", *CROSS_DEVICE), _conflict_only,
         ("conflict-accepted", "raised-none"),
         "torch loads tied names given different values one after the other: the last one wins, "
         "silently.\n"
@@ -320,7 +421,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(sd)  # RuntimeError naming only the size mismatch of 1.bias",
         TORCH_SEEN),
     Deviation(
-        "LOAD-TIES", assign_splits_ties, "tie-split",
+        ("LOAD-TIES", *CROSS_DEVICE), assign_splits_ties, "tie-split",
         "With assign=True (swap flag off) torch setattr's Parameter(value) into each slot, one "
         "new object per key, so tied parameters come apart.\n"
         "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
@@ -338,7 +439,8 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "assert m.weight is not w",
         TORCH_SEEN),
     Deviation(
-        "LOAD-PATH", swapped_twice, ("path-swap", "path-kept"), always=False, reason=
+        ("LOAD-PATH", *CROSS_DEVICE), swapped_twice, ("path-swap", "path-kept"), always=False,
+        reason=
         "Under the swap flag torch swaps a tensor reached by two keys twice; the TensorImpl the "
         "first swap freed can be reused by the second, so the tensor ends with its old "
         "_cdata or not (allocator-dependent): a swap that looks like none, and with "
@@ -368,6 +470,18 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(m.state_dict())\n"
         "assert type(m.weight) is torch.nn.Parameter and m.weight.grad is None\n"
         "assert not hasattr(m.weight, 'tag')",
+        TORCH_SEEN),
+    Deviation(
+        CROSS_DEVICE, swap_drops_written_identity, ("class", "attributes", "grad"),
+        "Across devices as on one (see the LOAD-IDENTITY deviation): on the swap path "
+        "swap_tensors swaps __class__, __dict__ and the autograd meta with a fresh Parameter, so "
+        "a Parameter subclass, instance attributes and the grad are lost.\n"
+        "Repro (PJRT_DEVICE=CPU; import torch, torch_xla):\n"
+        "m = torch.nn.Linear(2, 2); m(torch.ones(1, 2)).sum().backward(); m.weight.tag = 1\n"
+        "sd = {k: v.to(torch_xla.device()) for k, v in m.state_dict().items()}\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(sd)\n"
+        "assert m.weight.grad is None and not hasattr(m.weight, 'tag')",
         TORCH_SEEN),
     Deviation(
         "LOAD-ROUND-TRIP", round_trip_swap_loses_identity, "changed",

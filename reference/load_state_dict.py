@@ -400,7 +400,12 @@ def same_value(a: Any, b: Any) -> bool:
         return False
     if a.is_meta:
         return True
-    nan_a, nan_b = a.isnan(), b.isnan()  # all False for integer and bool dtypes
+    if a.is_complex():  # compared as real pairs: XLA's isnan takes real floating dtypes only
+        a, b = torch.view_as_real(a.detach().resolve_conj()), torch.view_as_real(
+            b.detach().resolve_conj())
+    if not a.is_floating_point():  # no NaNs (and no isnan for bool on XLA)
+        return bool(torch.equal(a, b))
+    nan_a, nan_b = a.isnan(), b.isnan()
     return bool(torch.equal(nan_a, nan_b) and torch.equal(a.masked_fill(nan_a, 0),
                                                           b.masked_fill(nan_b, 0)))
 

@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
@@ -362,6 +362,43 @@ def test_same_value_rules():
     assert not same_value(torch.tensor([1, 2]), torch.tensor([1, 3]))
     assert same_value(torch.empty(2, device="meta"), torch.empty(2, device="meta"))
     assert not same_value(a, TwoTensor(a, a))
+
+
+class _RealFloatingIsnan(torch.overrides.TorchFunctionMode):
+    """XLA's limitation, on the CPU: ``isnan`` of a complex or bool tensor raises (made
+    stricter here: of any tensor that is not real floating-point)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.isnan, Tensor.isnan) and not args[0].is_floating_point():
+            raise RuntimeError("Operands to IsNan must be real-valued floating-point")
+        return func(*args, **(kwargs or {}))
+
+
+def test_same_value_compares_complex_values_as_real_pairs():
+    a = torch.tensor([complex(1, float("nan")), complex(2, 3)])
+    b = a.clone()
+    b[1] = complex(2, 4)
+    with _RealFloatingIsnan():
+        assert same_value(a, a.clone()) and not same_value(a, b)
+        assert same_value(a.conj(), a.conj().resolve_conj())
+
+
+def test_same_value_of_integers_and_bools_needs_no_isnan():
+    with _RealFloatingIsnan():
+        assert same_value(torch.tensor([True]), torch.tensor([True]))
+        assert not same_value(torch.tensor([1, 2]), torch.tensor([1, 3]))
+
+
+@pytest.mark.parametrize("buffer", [torch.tensor([complex(1, 2)]), torch.tensor([True]),
+                                    torch.tensor([3])], ids=["complex", "bool", "int"])
+def test_rule8_restores_every_tensor_where_isnan_takes_real_floating_only(buffer):
+    module = nn.Module()
+    module.register_buffer("c", buffer)
+    module.register_parameter("p", nn.Parameter(torch.tensor([1.0])))
+    p = module.p.detach().clone()
+    with _RealFloatingIsnan(), pytest.raises(RuntimeError, match="Missing key"):
+        reference.load_state_dict(module, {"p": torch.tensor([5.0])})
+    assert torch.equal(module.p.detach(), p) and torch.equal(module.c, buffer)
 
 
 # ---- rule 8: atomic ---------------------------------------------------------------------------------
