@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from swapspec.properties.common import (
+    WORLD_CHANCE,
     Outcome,
     attempt,
     call_target,
@@ -37,7 +38,7 @@ from swapspec.properties.common import (
     watch_forward,
 )
 from swapspec.properties.deviations import Checker
-from swapspec.properties.examples import Example, named_tensors, same_values, slots
+from swapspec.properties.examples import Example, holds_values, named_tensors, same_values, slots
 from swapspec.properties.oracle import (
     ExpectedError,
     expected_outcome,
@@ -58,13 +59,13 @@ from swapspec.strategies import (
 )
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 
-trees = with_modules(module_trees())
+trees = with_modules(module_trees(world_chance=WORLD_CHANCE))
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
 updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50,
-                              needs=("updating-leaf",))
+                              needs=("updating-leaf",), world_chance=WORLD_CHANCE)
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
 # whose uninitialized parameters cannot be given), so few examples are filtered.
-tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",))
+tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_chance=WORLD_CHANCE)
 
 
 def _draw(data, property_id: str, target, *, module_strategy=trees, **options):
@@ -246,10 +247,17 @@ def test_fc_matchesloaded_copy(target, data):
 
 
 def _show(outcome: Outcome) -> str:
+    """The outcome in a message: the error, a plain tensor's first values, or another tensor's
+    class and metadata (meta tensors hold no values; subclasses such as ``TwoTensor`` refuse
+    ``tolist``)."""
     if outcome.error is not None:
         return f"{type(outcome.error).__name__}: {outcome.error}"
     r = outcome.result
-    return f"tensor {r.flatten()[:4].tolist()}..." if isinstance(r, Tensor) else repr(r)
+    if not isinstance(r, Tensor):
+        return repr(r)
+    if type(r) in (Tensor, nn.Parameter) and holds_values(r):
+        return f"tensor {r.detach().flatten()[:4].tolist()}..."
+    return f"{type(r).__name__}({r.dtype}, {r.device}, shape={tuple(r.shape)})"
 
 
 @spec_property("FC-TIES")
