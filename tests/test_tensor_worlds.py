@@ -1,15 +1,21 @@
-"""The tensor worlds of the builder (meta, fake, TwoTensor parameters), and the reference's rule
-for ``FakeTensor`` parameters."""
+"""The tensor worlds of the builder (meta, fake, TwoTensor and DTensor parameters), and the
+reference's rule for ``FakeTensor`` parameters."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed.tensor import DTensor, Replicate
 from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
+from swapspec.properties.targets import torch_apply
+from swapspec.strategies import dtensor_world
 from swapspec.strategies.trees import (
     ContainerSpec,
     LeafSpec,
@@ -19,6 +25,7 @@ from swapspec.strategies.trees import (
     build_tree,
     tree_info,
 )
+from tests.helpers_modules import flag_settings
 
 TIED = TreeSpec(
     root=ContainerSpec(children=(
@@ -106,8 +113,63 @@ def test_parameter_attributes_survive_beside_a_subclass_result():
     assert torch.equal(m.w.a, torch.full((2, 2), 2.0)), "the subclass's own attributes win"
 
 
-@pytest.mark.parametrize("world", ["meta", "fake", "two-tensor"])
-def test_standalone_repro_builds_the_same_world(world):
+@pytest.fixture
+def dtensor_group() -> Iterator[None]:
+    """A test that builds the dtensor world closes its process group: none outlives the test."""
+    assert not dist.is_initialized(), "a process group was left by an earlier test"
+    yield
+    dtensor_world.close()
+    assert not dist.is_initialized() and not dtensor_world.started()
+
+
+def test_dtensor_world_replicates_floating_parameters_only(dtensor_group):
+    m = _world("dtensor")
+    p = m[0].p0
+    assert type(p) is DTensor and isinstance(p, nn.Parameter) and p.requires_grad
+    assert p.placements == (Replicate(),) and p.device_mesh.mesh.tolist() == [0]
+    assert torch.equal(p.to_local(), build_tree(TIED)[0].p0.detach())
+    assert type(m[0].b0) is torch.Tensor and m[0].b1.dtype == torch.int64, "buffers stay plain"
+    assert m[0].p0 is m[1].p0, "a tie must stay one object"
+
+
+def test_dtensor_world_starts_one_group_per_process_and_closes_it(dtensor_group):
+    first = dtensor_world.mesh()
+    assert dtensor_world.mesh() is first and dist.get_world_size() == 1
+    dtensor_world.close()
+    assert not dist.is_initialized(), "close() must destroy the group it started"
+    assert dtensor_world.mesh() is not first and dist.is_initialized(), "the next use restarts it"
+
+
+def test_dtensor_world_refuses_a_group_of_several_ranks(dtensor_group, monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    with pytest.raises(RuntimeError, match="world size 2"):
+        dtensor_world.mesh()
+    assert not dtensor_world.started()
+
+
+@pytest.mark.parametrize("convert", ["double", "half", "float"])
+@flag_settings
+def test_dtensor_parameters_convert_as_dtensors(convert, overwrite, swap, dtensor_group):
+    """``double()``/``half()``/``float()`` keep a DTensor parameter a replicated DTensor of the new
+    dtype, with its values, on every flag setting, in the reference and in torch's ``_apply``."""
+    dtype = {"double": torch.float64, "half": torch.float16, "float": torch.float32}[convert]
+    want = build_tree(TIED)[0].p0.detach().to(dtype)
+    for run in ("reference", "torch"):
+        m = _world("dtensor")
+        fn = getattr(torch.Tensor, convert)
+        if run == "reference":
+            reference.apply(m, fn, overwrite=overwrite, swap=swap)
+        else:
+            torch_apply(m, fn, overwrite=overwrite, swap=swap)
+        p = m[0].p0
+        assert type(p) is DTensor and isinstance(p, nn.Parameter), run
+        assert p.dtype == dtype and p.placements == (Replicate(),), run
+        assert torch.equal(p.to_local(), want), run
+
+
+@pytest.mark.parametrize("world", ["meta", "fake", "two-tensor", "dtensor"])
+def test_standalone_repro_builds_the_same_world(world, dtensor_group):
     """The plain-torch builder of the repros replays the world: same classes, ties and values."""
     from tests.test_repro import _built_from_source, _same_tree
 
