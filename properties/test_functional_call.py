@@ -54,6 +54,7 @@ from swapspec.strategies import (
     CallInput,
     ForwardError,
     forward_inputs,
+    meta_built,
     module_trees,
     tree_info,
 )
@@ -518,7 +519,8 @@ def _leaf(value: Any) -> Any:
 
 
 parametrized_trees = module_trees(decoration_chance=100, decoration_kinds=PARAMETRIZATIONS,
-                                  behaviours=(), needs=("parametrizable",))
+                                  behaviours=(), needs=("parametrizable",),
+                                  world_chance=WORLD_CHANCE)
 
 
 @spec_property("FC-PARAMETRIZED")
@@ -539,6 +541,7 @@ def test_fc_parametrized_names(target, data):
     disable = data.draw(st.booleans(), label="under its own name")
     key, value, expected = _parametrized_input(owner, path, name, disable, data)
     (x,) = data.draw(forward_inputs(), label="x")
+    x = x.to("meta") if meta_built(module) else x
     call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}))
     example = Example(module, call=call)
     check = Checker("FC-PARAMETRIZED", target, example)
@@ -602,10 +605,11 @@ def _parametrized_input(owner, path, name, disable, data):
 
 
 def _fresh_like(t: Tensor, data) -> Tensor:
+    """New values of ``t``'s shape, dtype and device (on ``meta``: none), ``requires_grad`` as ``t``."""
     seed = data.draw(st.integers(0, 2**16), label="value seed")
     gen = torch.Generator().manual_seed(seed)
     values = torch.rand(t.shape, generator=gen, dtype=torch.float64) * 2 - 1
-    return values.to(t.dtype).requires_grad_(t.requires_grad)
+    return values.to(t.dtype).to(t.device).requires_grad_(t.requires_grad)
 
 
 def _parametrization_of(plist, key: str, value: Tensor) -> Tensor:

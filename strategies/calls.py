@@ -129,11 +129,11 @@ def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str], none: boo
     return _fresh(t, dtype, gen)
 
 
-def _meta_built(names: dict[str, Tensor]) -> bool:
-    """Every registered tensor is a ``meta`` tensor (and there is one): forward's input goes
-    there too, so forward runs on shapes and dtypes as a tree built under ``torch.device('meta')``
-    does."""
-    tensors = [t for t in names.values() if t is not None and not is_uninitialized(t)]
+def meta_built(module: nn.Module) -> bool:
+    """Whether every registered tensor of ``module`` is a ``meta`` tensor (and there is one):
+    forward's input then goes there too, so forward runs on shapes and dtypes, as for a tree
+    built under ``torch.device('meta')``."""
+    tensors = [t for t in valid_names(module).values() if not is_uninitialized(t)]
     return bool(tensors) and all(t.device.type == "meta" for t in tensors)
 
 
@@ -287,7 +287,7 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
     if _chance(draw, 20):
         kwargs["report"] = []
     args = draw(forward_inputs())
-    if _meta_built(names):
+    if meta_built(module):
         args = tuple(a.to("meta") for a in args)
         tags.add("meta-input")
     tags |= {f"form={form}"} | {f"kwarg: {k}" for k in kwargs}
