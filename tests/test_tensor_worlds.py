@@ -89,6 +89,21 @@ def _fake_linear() -> nn.Linear:
     return m
 
 
+@pytest.mark.parametrize("run", ["reference", "torch"])
+def test_meta_built_module_runs_on_real_tensors_given_for_every_name(run):
+    """functional_call converts nothing: a meta-built module given real values for every name
+    runs on them, and keeps its meta tensors afterwards (reference.functional_call, rule 6)."""
+    spec = TreeSpec(root=LeafSpec(kind="Linear"))
+    real = build_tree(spec)
+    meta = _world("meta", spec)
+    given = {n: t.detach().clone() for n, t in [*real.named_parameters(), *real.named_buffers()]}
+    call = reference.functional_call if run == "reference" else torch.func.functional_call
+    x = torch.ones(2, 4)
+    out = call(meta, given, (x,))
+    assert out.device.type == "cpu" and torch.equal(out, real(x))
+    assert {t.device.type for t in meta.parameters()} == {"meta"}, "the module's own tensors stay"
+
+
 def test_fake_parameter_never_takes_set_data():
     fake = _fake_linear().weight
     assert reference.choose_path(fake, fake.double(), overwrite=False, swap=False) == "overwrite"
