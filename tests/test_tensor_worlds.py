@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed.tensor import DTensor, Replicate
@@ -15,7 +17,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
 from swapspec.properties.targets import torch_apply
-from swapspec.strategies import dtensor_world
+from swapspec.strategies import call_inputs, dtensor_world, meta_built
 from swapspec.strategies.trees import (
     ContainerSpec,
     LeafSpec,
@@ -87,6 +89,18 @@ def _fake_linear() -> nn.Linear:
     for name, p in list(m._parameters.items()):
         m._parameters[name] = mode.from_tensor(p)
     return m
+
+
+@settings(max_examples=10, deadline=None, database=None)
+@given(data=st.data())
+def test_a_meta_built_tree_gets_a_meta_forward_input(data):
+    """call_inputs moves forward's input to meta where every registered tensor is a meta one."""
+    world = data.draw(st.sampled_from(["", "meta", "two-tensor"]), label="world")
+    module = _world(world)
+    call = data.draw(call_inputs(module), label="call")
+    assert meta_built(module) == (world == "meta")
+    assert call.args[0].device.type == ("meta" if world == "meta" else "cpu")
+    assert ("meta-input" in call.features) == (world == "meta")
 
 
 @pytest.mark.parametrize("run", ["reference", "torch"])
