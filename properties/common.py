@@ -450,6 +450,6 @@ def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any,
     return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
 
 
-# Percent of the conversion properties' trees built in a tensor world (meta, fake, TwoTensor
-# parameters; see strategies.trees.move_to_world).
+# Percent of the untrained trees of the conversion, FC-* and TOGETHER-* properties built in a
+# tensor world (meta, TwoTensor parameters; see strategies.trees.move_to_world).
 WORLD_CHANCE = 10

@@ -279,6 +279,14 @@ _WORLD_CONVERTERS = {
     "two-tensor": ["from torch.testing._internal.two_tensor import TwoTensor",
                    "convert = lambda t, is_param: (TwoTensor(t, t.clone())"
                    " if is_param and t.is_floating_point() else None)"],
+    "dtensor": ["import torch.distributed as dist",
+                "from torch.distributed.device_mesh import DeviceMesh",
+                "from torch.distributed.tensor import Replicate, distribute_tensor",
+                "if not dist.is_initialized():  # one rank, gloo, an in-process store",
+                "    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)",
+                "mesh = DeviceMesh('cpu', [0])",
+                "convert = lambda t, is_param: (distribute_tensor(t, mesh, [Replicate()])"
+                " if is_param and t.is_floating_point() else None)"],
 }
 
 

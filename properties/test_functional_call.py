@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from swapspec.properties.common import (
+    WORLD_CHANCE,
     Outcome,
     attempt,
     call_target,
@@ -37,7 +38,7 @@ from swapspec.properties.common import (
     watch_forward,
 )
 from swapspec.properties.deviations import Checker
-from swapspec.properties.examples import Example, named_tensors, same_values, slots
+from swapspec.properties.examples import Example, holds_values, named_tensors, same_values, slots
 from swapspec.properties.oracle import (
     ExpectedError,
     expected_outcome,
@@ -53,18 +54,19 @@ from swapspec.strategies import (
     CallInput,
     ForwardError,
     forward_inputs,
+    meta_built,
     module_trees,
     tree_info,
 )
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 
-trees = with_modules(module_trees())
+trees = with_modules(module_trees(world_chance=WORLD_CHANCE))
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
 updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50,
-                              needs=("updating-leaf",))
+                              needs=("updating-leaf",), world_chance=WORLD_CHANCE)
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
 # whose uninitialized parameters cannot be given), so few examples are filtered.
-tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",))
+tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_chance=WORLD_CHANCE)
 
 
 def _draw(data, property_id: str, target, *, module_strategy=trees, **options):
@@ -246,10 +248,17 @@ def test_fc_matchesloaded_copy(target, data):
 
 
 def _show(outcome: Outcome) -> str:
+    """The outcome in a message: the error, a plain tensor's first values, or another tensor's
+    class and metadata (meta tensors hold no values; subclasses such as ``TwoTensor`` refuse
+    ``tolist``)."""
     if outcome.error is not None:
         return f"{type(outcome.error).__name__}: {outcome.error}"
     r = outcome.result
-    return f"tensor {r.flatten()[:4].tolist()}..." if isinstance(r, Tensor) else repr(r)
+    if not isinstance(r, Tensor):
+        return repr(r)
+    if type(r) in (Tensor, nn.Parameter) and holds_values(r):
+        return f"tensor {r.detach().flatten()[:4].tolist()}..."
+    return f"{type(r).__name__}({r.dtype}, {r.device}, shape={tuple(r.shape)})"
 
 
 @spec_property("FC-TIES")
@@ -510,7 +519,8 @@ def _leaf(value: Any) -> Any:
 
 
 parametrized_trees = module_trees(decoration_chance=100, decoration_kinds=PARAMETRIZATIONS,
-                                  behaviours=(), needs=("parametrizable",))
+                                  behaviours=(), needs=("parametrizable",),
+                                  world_chance=WORLD_CHANCE)
 
 
 @spec_property("FC-PARAMETRIZED")
@@ -531,6 +541,7 @@ def test_fc_parametrized_names(target, data):
     disable = data.draw(st.booleans(), label="under its own name")
     key, value, expected = _parametrized_input(owner, path, name, disable, data)
     (x,) = data.draw(forward_inputs(), label="x")
+    x = x.to("meta") if meta_built(module) else x
     call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}))
     example = Example(module, call=call)
     check = Checker("FC-PARAMETRIZED", target, example)
@@ -594,10 +605,11 @@ def _parametrized_input(owner, path, name, disable, data):
 
 
 def _fresh_like(t: Tensor, data) -> Tensor:
+    """New values of ``t``'s shape, dtype and device (on ``meta``: none), ``requires_grad`` as ``t``."""
     seed = data.draw(st.integers(0, 2**16), label="value seed")
     gen = torch.Generator().manual_seed(seed)
     values = torch.rand(t.shape, generator=gen, dtype=torch.float64) * 2 - 1
-    return values.to(t.dtype).requires_grad_(t.requires_grad)
+    return values.to(t.dtype).to(t.device).requires_grad_(t.requires_grad)
 
 
 def _parametrization_of(plist, key: str, value: Tensor) -> Tensor:

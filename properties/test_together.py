@@ -9,6 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from swapspec.properties.common import (
+    WORLD_CHANCE,
     attempt,
     call_target,
     check_untouched,
@@ -26,7 +27,7 @@ from swapspec.properties.repro import call_repro
 from swapspec.strategies import flag_settings, module_trees
 from swapspec.strategies.conversions import modules_with_conversions
 
-trees = module_trees()
+trees = module_trees(world_chance=WORLD_CHANCE)
 converted = modules_with_conversions(trees, ["cpu"],
                                      where=lambda c: c.preserves_values and not c.changes_impl)
 

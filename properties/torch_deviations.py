@@ -598,10 +598,14 @@ def weight_norm_name_given(example: Example) -> bool:
 
 def reparametrizing_name_given(example: Example) -> bool:
     """The call names a spectral-normed or orthogonal attribute directly: torch's restore goes
-    through right_inverse, which stores other values (spectral norm) or rebinds the
-    parametrization's own ``base`` buffer (orthogonal)."""
+    through right_inverse, which stores other values (spectral norm: seen only where the
+    original holds values, not on ``meta``) or rebinds the parametrization's own ``base`` buffer
+    (orthogonal)."""
     plist = _given_parametrized_attribute(example)
-    return plist is not None and type(plist[0]).__name__ in ("_SpectralNorm", "_Orthogonal")
+    if plist is None:
+        return False
+    kind = type(plist[0]).__name__
+    return kind == "_Orthogonal" or (kind == "_SpectralNorm" and holds_values(plist.original))
 
 
 def swap_refused_by_graph_grads(example: Example) -> bool:

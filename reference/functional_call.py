@@ -78,7 +78,11 @@ def functional_call(
        attribute (``weight`` of a module with ``parametrizations.weight``) disables that
        parametrization for the call: the attribute reads the given value itself, as torch's
        documentation promises; ``parametrizations.weight.original`` instead gives the
-       parametrization its input.
+       parametrization its input. Values go in as given, whatever their device or tensor
+       class, and the module's own tensors stay where they are: nothing is converted. A
+       module built on ``meta`` runs on real values given for every name (and on ``meta``
+       values with a ``meta`` input); a ``TwoTensor`` or ``DTensor`` parameter is replaced by
+       the given object, which forward reads as it is.
     7. Restoring (``_restore``): afterwards, whether forward returned or raised, every slot
        holds the object it held before and no temporary attribute remains.
     8. Write-back (``_write_back``): a slot that forward rebound is written into the

@@ -10,6 +10,7 @@ from swapspec.strategies.calls import (
     call_inputs,
     flag_settings,
     forward_inputs,
+    meta_built,
 )
 from swapspec.strategies.conversions import (
     Conversion,
@@ -45,6 +46,7 @@ __all__ = [
     "flag_settings",
     "forward_inputs",
     "host_trees",
+    "meta_built",
     "module_trees",
     "state_dicts",
     "tree_info",

@@ -129,6 +129,14 @@ def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str], none: boo
     return _fresh(t, dtype, gen)
 
 
+def meta_built(module: nn.Module) -> bool:
+    """Whether every registered tensor of ``module`` is a ``meta`` tensor (and there is one):
+    forward's input then goes there too, so forward runs on shapes and dtypes, as for a tree
+    built under ``torch.device('meta')``."""
+    tensors = [t for t in valid_names(module).values() if not is_uninitialized(t)]
+    return bool(tensors) and all(t.device.type == "meta" for t in tensors)
+
+
 def _module_paths(module: nn.Module) -> dict[int, list[str]]:
     paths: dict[int, list[str]] = {}
     for path, m in module.named_modules(remove_duplicate=False):
@@ -279,6 +287,9 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
     if _chance(draw, 20):
         kwargs["report"] = []
     args = draw(forward_inputs())
+    if meta_built(module):
+        args = tuple(a.to("meta") for a in args)
+        tags.add("meta-input")
     tags |= {f"form={form}"} | {f"kwarg: {k}" for k in kwargs}
     tags |= {t for t, on in (("strict", strict), ("tie_weights=False", not tie_weights)) if on}
     for tag in sorted(tags):
@@ -332,7 +343,8 @@ def call_inputs(
     * ``forward_safe``: every value is a fresh tensor of the slot's dtype or the slot's own tensor
       (no ``None``, no other dtype), so a real layer's forward runs as it does on the module.
 
-    ``args`` is ``(x,)`` from :func:`forward_inputs`; ``kwargs`` may hold ``fail=True`` and ``report=[]``;
+    ``args`` is ``(x,)`` from :func:`forward_inputs`, moved to ``meta`` when every registered
+    tensor of the module is a ``meta`` tensor (event ``call: meta-input``); ``kwargs`` may hold ``fail=True`` and ``report=[]``;
     ``tie_weights`` shrinks to True and ``strict`` to False (torch's defaults).
     """
     if buffers not in ("some", "all"):

@@ -61,7 +61,8 @@ LIFE_OPTIONS = {"decoration_chance": 100, "training_chance": 100,
                 "wrappers": ("compiled", "data-parallel"), "wrapper_chance": 50}
 
 
-# The tensor worlds as the conversion properties draw them (``properties.common.WORLD_CHANCE``).
+# The tensor worlds as the conversion, FC-* and TOGETHER-* properties draw them
+# (``properties.common.WORLD_CHANCE``).
 WORLD_OPTIONS = {"world_chance": 10}
 
 
@@ -84,6 +85,15 @@ def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
     """Feature sets of ``n`` call inputs, each for a freshly drawn tree."""
     pairs = module_trees().flatmap(lambda m: call_inputs(m, invalid=invalid))
     return sample(pairs, n, lambda c: c.features)
+
+
+def world_call_reach(n: int) -> list[frozenset[str]]:
+    """Feature sets of ``n`` (tree, call) pairs drawn as the ``FC-*`` properties draw them
+    (:data:`WORLD_OPTIONS`, ``invalid=True``): the tree's ``world: ...`` tags and the call's tags."""
+    pairs = module_trees(**WORLD_OPTIONS).flatmap(
+        lambda m: st.tuples(st.just(m), call_inputs(m, invalid=True)))
+    return sample(pairs, n, lambda p: {t for t in tree_info(p[0]).features if t.startswith("world: ")}
+                  | p[1].features)
 
 
 def load_reach(n: int) -> list[frozenset[str]]:
@@ -151,6 +161,10 @@ def main(argv: list[str]) -> None:
     worlds = frequencies(tree_reach(n, **WORLD_OPTIONS))
     print(table(f"tensor world ({n} trees, {WORLD_OPTIONS})",
                 {k: v for k, v in worlds.items() if k.startswith("world: ")}), "\n")
+    world_calls = frequencies(world_call_reach(n))
+    print(table(f"tensor world of a call ({n} draws, invalid=True, {WORLD_OPTIONS})",
+                {k: v for k, v in world_calls.items() if k.startswith("world: ") or k == "meta-input"}),
+          "\n")
     catalogue = {k: v for k, v in frequencies(catalogue_reach(n)).items() if "catalogue" in k}
     print(table(f"catalogue feature ({n} trees, catalogue_chance={CATALOGUE_REACH_CHANCE})", catalogue), "\n")
     print(table(f"conversion ({n} draws)", frequencies(conversion_reach(n))), "\n")

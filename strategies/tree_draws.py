@@ -48,10 +48,14 @@ BUFFER_DTYPES = (*PARAM_DTYPES, "int64", "bool")
 BEHAVIOURS = ("inplace", "rebind", "raise", "report")
 # ``'fake'`` is left out by default: whether ``swap_tensors`` refuses a fake parameter depends on
 # process-wide caches of torch's fake-tensor converter (a weak reference to it exists or not), so
-# examples built there do not replay exactly.
+# examples built there do not replay exactly. ``'dtensor'`` is left out too: it starts a
+# torch.distributed process group in the test process (strategies.dtensor_world), and its trees'
+# forward needs DTensor inputs.
 DEFAULT_WORLDS = ("meta", "two-tensor")
-# Decorations a world cannot take: ``orthogonal`` checks its tensor's values (``allclose``).
-WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",)}
+# Decorations a world cannot take: ``orthogonal`` checks its tensor's values (``allclose``, which
+# a DTensor refuses beside a plain tensor).
+WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",),
+                             "dtensor": ("orthogonal",)}
 NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
          "parametrizable", "tensor", "trainable")
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
@@ -751,8 +755,10 @@ def module_trees(
     * ``worlds``: the tensor worlds a tree may be built in (see
       :func:`~strategies.trees.move_to_world`: ``'meta'``, as under ``torch.device('meta')``;
       ``'fake'``, as under ``FakeTensorMode``; ``'two-tensor'``, floating parameters holding
-      ``TwoTensor`` subclass values; default ``meta`` and ``two-tensor``: a fake tree's swap
-      refusals depend on process-wide caches, so it does not replay exactly), one with
+      ``TwoTensor`` subclass values; ``'dtensor'``, floating parameters replicated ``DTensor``
+      values on a one-rank CPU mesh; default ``meta`` and ``two-tensor``: a fake tree's swap
+      refusals depend on process-wide caches, so it does not replay exactly, and a dtensor tree
+      starts a process group), one with
       ``world_chance`` percent (default 0) of the trees that are not trained. ``()`` or 0 keeps every tree plain. Shrinks towards the plain world.
     * ``needs``: features every drawn tree has, by construction rather than by filtering (a
       property that needs one draws no tree without it): ``'grad'`` (a parameter carries a

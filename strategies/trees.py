@@ -30,7 +30,7 @@ REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embeddi
               "LazyLinear")
 TRAININGS = ("backward", "backward-create-graph")
 WRAPPERS = ("compiled", "data-parallel")
-WORLDS = ("meta", "fake", "two-tensor")
+WORLDS = ("meta", "fake", "two-tensor", "dtensor")
 BLOCK_NAMES = ("first", "second", "third")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -404,6 +404,10 @@ def move_to_world(root: nn.Module, world: str) -> None:
       ``FakeTensorMode``); forward runs, on no values.
     - ``'two-tensor'``: every floating parameter holds a ``TwoTensor`` of its value and a copy (a
       traceable wrapper subclass, as ``DTensor`` and quantized weights are).
+    - ``'dtensor'``: every floating parameter holds a ``DTensor`` of its value, replicated over the
+      one-rank CPU mesh of :mod:`~strategies.dtensor_world` (as ``fully_shard`` and tensor
+      parallelism leave parameters; buffers stay plain). Forward does not run there: DTensor
+      refuses the plain tensors the suite's leaves mix in.
 
     Slots are rebound directly (torch's ``_apply`` is what the suite tests, so the builder never runs it):
     one tensor object stays one object in every slot that held it, parameters keep ``requires_grad``,
@@ -455,7 +459,18 @@ def _two_tensor_maker() -> Any:
     return lambda t, is_param: TwoTensor(t, t.clone()) if is_param and t.is_floating_point() else None
 
 
-_WORLD_MAKERS = {"meta": _meta_maker, "fake": _fake_maker, "two-tensor": _two_tensor_maker}
+def _dtensor_maker() -> Any:
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from swapspec.strategies import dtensor_world
+
+    mesh = dtensor_world.mesh()
+    return lambda t, is_param: (distribute_tensor(t, mesh, [Replicate()])
+                                if is_param and t.is_floating_point() else None)
+
+
+_WORLD_MAKERS = {"meta": _meta_maker, "fake": _fake_maker, "two-tensor": _two_tensor_maker,
+                 "dtensor": _dtensor_maker}
 
 
 def _wrap(root: nn.Module, wrapper: str) -> nn.Module:

@@ -6,6 +6,7 @@ measured frequencies (see ``python -m strategies.reach``), so a failure means a 
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
@@ -22,10 +23,12 @@ from swapspec.strategies.reach import (
     conversion_reach,
     frequencies,
     load_reach,
+    sample,
     table,
     tree_reach,
+    world_call_reach,
 )
-from swapspec.strategies.trees import TRAININGS
+from swapspec.strategies.trees import TRAININGS, tree_info
 
 TREE_FLOORS = {
     "ties": 0.20,
@@ -136,6 +139,27 @@ WORLD_FLOORS = {"world: meta": 0.01, "world: two-tensor": 0.01}  # measured on 1
 def test_world_reach() -> None:
     check(f"tensor world (500 trees, {WORLD_OPTIONS})", frequencies(tree_reach(500, **WORLD_OPTIONS)),
           WORLD_FLOORS)
+
+
+# The FC-* properties' calls: a meta-built tree's forward input goes to meta (1,000 draws: meta-input
+# 1.4%, world: two-tensor 5.7%).
+WORLD_CALL_FLOORS = {"world: meta": 0.005, "world: two-tensor": 0.02, "meta-input": 0.005}
+
+
+def test_world_call_reach() -> None:
+    check(f"tensor world of a call (1000 draws, {WORLD_OPTIONS})", frequencies(world_call_reach(1000)),
+          WORLD_CALL_FLOORS)
+
+
+@pytest.mark.parametrize("strategy", ["test_functional_call:trees", "test_functional_call:updating_trees",
+                                      "test_functional_call:tied_trees", "test_together:trees"])
+def test_call_properties_draw_the_worlds(strategy: str) -> None:
+    """The FC-* and TOGETHER-* trees are drawn with the conversion properties' world chance."""
+    module_name, _, attr = strategy.partition(":")
+    drawn = getattr(importlib.import_module(f"swapspec.properties.{module_name}"), attr)
+    seen = frequencies(sample(drawn, 200, lambda m: tree_info(m).features))
+    worlds = {k: v for k, v in seen.items() if k.startswith("world: ")}
+    assert sum(worlds.values()) >= 0.01, f"{strategy} drew {worlds or 'no tensor world'} in 200 trees"
 
 
 def test_world_chance_matches_the_properties() -> None:

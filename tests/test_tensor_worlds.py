@@ -1,15 +1,23 @@
-"""The tensor worlds of the builder (meta, fake, TwoTensor parameters), and the reference's rule
-for ``FakeTensor`` parameters."""
+"""The tensor worlds of the builder (meta, fake, TwoTensor and DTensor parameters), and the
+reference's rule for ``FakeTensor`` parameters."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed.tensor import DTensor, Replicate
 from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
+from swapspec.properties.targets import torch_apply
+from swapspec.strategies import call_inputs, dtensor_world, meta_built
 from swapspec.strategies.trees import (
     ContainerSpec,
     LeafSpec,
@@ -19,6 +27,7 @@ from swapspec.strategies.trees import (
     build_tree,
     tree_info,
 )
+from tests.helpers_modules import flag_settings
 
 TIED = TreeSpec(
     root=ContainerSpec(children=(
@@ -82,6 +91,33 @@ def _fake_linear() -> nn.Linear:
     return m
 
 
+@settings(max_examples=10, deadline=None, database=None)
+@given(data=st.data())
+def test_a_meta_built_tree_gets_a_meta_forward_input(data):
+    """call_inputs moves forward's input to meta where every registered tensor is a meta one."""
+    world = data.draw(st.sampled_from(["", "meta", "two-tensor"]), label="world")
+    module = _world(world)
+    call = data.draw(call_inputs(module), label="call")
+    assert meta_built(module) == (world == "meta")
+    assert call.args[0].device.type == ("meta" if world == "meta" else "cpu")
+    assert ("meta-input" in call.features) == (world == "meta")
+
+
+@pytest.mark.parametrize("run", ["reference", "torch"])
+def test_meta_built_module_runs_on_real_tensors_given_for_every_name(run):
+    """functional_call converts nothing: a meta-built module given real values for every name
+    runs on them, and keeps its meta tensors afterwards (reference.functional_call, rule 6)."""
+    spec = TreeSpec(root=LeafSpec(kind="Linear"))
+    real = build_tree(spec)
+    meta = _world("meta", spec)
+    given = {n: t.detach().clone() for n, t in [*real.named_parameters(), *real.named_buffers()]}
+    call = reference.functional_call if run == "reference" else torch.func.functional_call
+    x = torch.ones(2, 4)
+    out = call(meta, given, (x,))
+    assert out.device.type == "cpu" and torch.equal(out, real(x))
+    assert {t.device.type for t in meta.parameters()} == {"meta"}, "the module's own tensors stay"
+
+
 def test_fake_parameter_never_takes_set_data():
     fake = _fake_linear().weight
     assert reference.choose_path(fake, fake.double(), overwrite=False, swap=False) == "overwrite"
@@ -106,8 +142,63 @@ def test_parameter_attributes_survive_beside_a_subclass_result():
     assert torch.equal(m.w.a, torch.full((2, 2), 2.0)), "the subclass's own attributes win"
 
 
-@pytest.mark.parametrize("world", ["meta", "fake", "two-tensor"])
-def test_standalone_repro_builds_the_same_world(world):
+@pytest.fixture
+def dtensor_group() -> Iterator[None]:
+    """A test that builds the dtensor world closes its process group: none outlives the test."""
+    assert not dist.is_initialized(), "a process group was left by an earlier test"
+    yield
+    dtensor_world.close()
+    assert not dist.is_initialized() and not dtensor_world.started()
+
+
+def test_dtensor_world_replicates_floating_parameters_only(dtensor_group):
+    m = _world("dtensor")
+    p = m[0].p0
+    assert type(p) is DTensor and isinstance(p, nn.Parameter) and p.requires_grad
+    assert p.placements == (Replicate(),) and p.device_mesh.mesh.tolist() == [0]
+    assert torch.equal(p.to_local(), build_tree(TIED)[0].p0.detach())
+    assert type(m[0].b0) is torch.Tensor and m[0].b1.dtype == torch.int64, "buffers stay plain"
+    assert m[0].p0 is m[1].p0, "a tie must stay one object"
+
+
+def test_dtensor_world_starts_one_group_per_process_and_closes_it(dtensor_group):
+    first = dtensor_world.mesh()
+    assert dtensor_world.mesh() is first and dist.get_world_size() == 1
+    dtensor_world.close()
+    assert not dist.is_initialized(), "close() must destroy the group it started"
+    assert dtensor_world.mesh() is not first and dist.is_initialized(), "the next use restarts it"
+
+
+def test_dtensor_world_refuses_a_group_of_several_ranks(dtensor_group, monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    with pytest.raises(RuntimeError, match="world size 2"):
+        dtensor_world.mesh()
+    assert not dtensor_world.started()
+
+
+@pytest.mark.parametrize("convert", ["double", "half", "float"])
+@flag_settings
+def test_dtensor_parameters_convert_as_dtensors(convert, overwrite, swap, dtensor_group):
+    """``double()``/``half()``/``float()`` keep a DTensor parameter a replicated DTensor of the new
+    dtype, with its values, on every flag setting, in the reference and in torch's ``_apply``."""
+    dtype = {"double": torch.float64, "half": torch.float16, "float": torch.float32}[convert]
+    want = build_tree(TIED)[0].p0.detach().to(dtype)
+    for run in ("reference", "torch"):
+        m = _world("dtensor")
+        fn = getattr(torch.Tensor, convert)
+        if run == "reference":
+            reference.apply(m, fn, overwrite=overwrite, swap=swap)
+        else:
+            torch_apply(m, fn, overwrite=overwrite, swap=swap)
+        p = m[0].p0
+        assert type(p) is DTensor and isinstance(p, nn.Parameter), run
+        assert p.dtype == dtype and p.placements == (Replicate(),), run
+        assert torch.equal(p.to_local(), want), run
+
+
+@pytest.mark.parametrize("world", ["meta", "fake", "two-tensor", "dtensor"])
+def test_standalone_repro_builds_the_same_world(world, dtensor_group):
     """The plain-torch builder of the repros replays the world: same classes, ties and values."""
     from tests.test_repro import _built_from_source, _same_tree
 
