@@ -93,7 +93,7 @@ STEP_PROPERTIES: dict[str, tuple[str, ...]] = {
     "functional_call": (*ids.FUNCTIONAL_CALL, "TOGETHER-CONVERTED-CALL"),
     "load_state_dict": tuple(pid for pid in ids.ALL if pid.startswith("LOAD")),
 }
-HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost")
+HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost", "tensor-hooks")
 # What a load step gives each tensor key: other values of the slot's dtype, other values in
 # float64 (floating slots), the module's own state_dict() (a round trip), or other values with
 # one key of a wrong shape (the load fails and changes nothing).
@@ -321,6 +321,8 @@ class SequenceMachine(RuleBasedStateMachine):
             self.model.poisoned = True
         self.after(check, prediction, outcome, repro.load_lines(self.target, kind, state_dict,
                                                                   assign, swap))
+        if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
+            self.model.stop_checking_hooks(range(len(self.model.tensors)))
 
     def load_values(self, kind: str, data: st.DataObject
                     ) -> tuple[dict[str, Any], dict[int, Tensor], tuple[str, ...]]:
