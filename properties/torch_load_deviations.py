@@ -48,7 +48,8 @@ def torch_refused(example: Any) -> set[int]:
     fresh build of the tree (the build replays its training): an old-style reparametrization's
     computed attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
     spectral_norm's and prune's ``_orig``, prune's mask; a ``backward()`` frees it), or a
-    grad's graph. Cached on the example."""
+    grad's graph. A module the tree builder did not build (a sequence's deep copy) has no
+    fresh build to probe: nothing counts as refused. Cached on the example."""
     cached = example.__dict__.get("_torch_refused")
     if cached is None:
         cached = example.__dict__["_torch_refused"] = _probe_refused(example.module)
@@ -56,7 +57,10 @@ def torch_refused(example: Any) -> set[int]:
 
 
 def _probe_refused(module: nn.Module) -> set[int]:
-    info = tree_info(module)
+    try:
+        info = tree_info(module)
+    except KeyError:  # not built by strategies.build_tree
+        return set()
     if info is None:
         return set()
     copy = info.build()
