@@ -314,8 +314,6 @@ class SequenceMachine(RuleBasedStateMachine):
                       self.model.load(values, assign=assign, swap=swap, own=kind == "own"))
         outcome = attempt(lambda: self.target.load_state_dict(
             self.module, state_dict, strict=True, assign=assign, swap=swap))
-        if outcome.error is None and prediction.error is None:
-            outcome = Outcome()  # the returned (missing, unexpected) keys are LOAD-KEYS' business
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
             self.model.poisoned = True
