@@ -321,20 +321,66 @@ class ModuleModel:
         if self.optimizer is not None:
             self.optimizer = [None] * len(self.optimizer)
 
-    def loaded(self, values: dict[str, Tensor], assign: bool) -> None:
-        """``load_state_dict(values, assign=...)`` with values of each tensor's own dtype and
-        shape: the values change; with ``assign`` the objects may change (and the hooks on them
-        are no longer the model's business)."""
-        for name, value in values.items():
-            state = self.tensors[self.slots[name]]
-            state.value = _copy(value)
-            if assign:
-                state.obj = None
-                for hook in self.hooks:
-                    hook.checked = hook.checked and hook.index != self.slots[name]
-        if assign and self.optimizer is not None:
-            loaded = {self.slots[n] for n in values}
-            self.optimizer = [None if i in loaded else i for i in self.optimizer]
+    def load(self, values: dict[int, Tensor], *, assign: bool, swap: bool,
+             own: bool) -> Prediction:
+        """``load_state_dict`` of ``values`` (tensor index -> the value its first key gives;
+        ``own``: each value is the slot's own data, as ``state_dict()`` gives it), by
+        ``reference.load_state_dict``'s rules 4-6 and 10, strict, every key given and fitting:
+
+        - ``own`` with ``assign``: nothing changes, on either path;
+        - copy (no flag, no ``assign``): ``slot.copy_(value)``: the slot's dtype and device
+          (a meta slot stays meta), object, class, attributes, grad, hooks and optimizer kept;
+        - assign (no flag): a buffer slot holds the value itself; a parameter slot a new
+          ``nn.Parameter(value)`` with the slot's ``requires_grad``, no grad, no attributes,
+          whose hooks and optimizer entries are the old object's (no longer the module's);
+        - swap (the flag): ``module_load`` then ``swap_tensors``: the object stays with its
+          attributes, ``requires_grad``, hooks and optimizer entries; values as copy gives them
+          (``assign``: the value's dtype and device, class ``nn.Parameter``); the grad stays,
+          ``.to`` the new dtype and device where they differ (then without a graph).
+
+        Every name of a tie holds one object after. An error computing the values on the
+        copies is the prediction (nothing changes). A swap while a grad's graph holds the
+        module's autograd nodes may be refused (``may_refuse``) and poisons them either way.
+        """
+        if own and assign:
+            return Prediction()
+        path = "swap" if swap else "assign" if assign else "copy"
+        try:
+            new = {i: self._loaded_state(self.tensors[i], v, path, assign)
+                   for i, v in values.items()}
+        except Exception as e:
+            return Prediction(error=type(e))
+        may_refuse = path == "swap" and bool(values) and (
+            self.graph_backward or any(t.grad_graph for t in self.tensors))
+        self.poisoned |= may_refuse
+        for i, state in new.items():
+            self.tensors[i] = state
+        for hook in self.hooks:
+            hook.live = hook.live and (hook.index is None or self.tensors[hook.index].obj is not None)
+        if self.optimizer is not None:  # an entry whose tensor got a new object is stale
+            self.optimizer = [i if i is not None and self.tensors[i].obj is not None else None
+                              for i in self.optimizer]
+        return Prediction(may_refuse=may_refuse)
+
+    @staticmethod
+    def _loaded_state(state: TensorState, value: Tensor, path: str, assign: bool) -> TensorState:
+        """One tensor after a load along ``path`` (see ``load``), computed on copies."""
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a copy into a meta slot is a no-op
+            if path == "assign" and not state.parameter:
+                return dataclasses.replace(state, value=_copy(value), obj=value)
+            if path == "assign":
+                return dataclasses.replace(
+                    state, cls=nn.Parameter, attributes={}, value=_copy(value), obj=None,
+                    grad=None, grad_graph=False)
+            if path == "copy" or not assign:
+                return dataclasses.replace(state, value=_copy(state.value).copy_(value))
+            grad, graph = state.grad, state.grad_graph
+            if grad is not None and (grad.dtype, grad.device) != (value.dtype, value.device):
+                grad, graph = _copy(grad).to(dtype=value.dtype, device=value.device), False
+            return dataclasses.replace(
+                state, cls=nn.Parameter if state.parameter else state.cls, value=_copy(value),
+                grad=grad, grad_graph=graph)
 
     def stop_checking_hooks(self, indices: Iterable[int]) -> None:
         """Hooks on these tensors may have been lost by a declared deviation."""

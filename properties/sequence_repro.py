@@ -95,6 +95,25 @@ def functional_call_lines(target: Any, tensors: dict[str, Tensor], tie_weights: 
             *guarded([f"out = {fc}(module, {given}, (x.clone(),), tie_weights={tie_weights})"])]
 
 
+def load_lines(target: Any, kind: str, state_dict: dict[str, Any], assign: bool,
+               swap: bool) -> list[str]:
+    """One strict load: the module's own ``state_dict()`` with its given keys replaced (all of
+    them unless ``kind`` is ``own``), under the swap flag for torch's own targets."""
+    own = kind == "own"
+    given = {} if own else {k: v for k, v in state_dict.items() if isinstance(v, Tensor)}
+    lines, first = ["sd = module.state_dict()"], {}
+    for key, value in given.items():  # keys given one object get one object
+        code = first.setdefault(id(value), f"sd[{key!r}]")
+        lines.append(f"sd[{key!r}] = {tensor_code(value) if code == f'sd[{key!r}]' else code}")
+    if is_torch(target):
+        call = [f"torch.__future__.set_swap_module_params_on_conversion({swap})",
+                "try:", f"    module.load_state_dict(sd, strict=True, assign={assign})",
+                "finally:", "    torch.__future__.set_swap_module_params_on_conversion(False)"]
+    else:
+        call = [f"target.load_state_dict(module, sd, strict=True, assign={assign}, swap={swap})"]
+    return [*lines, "error = None", *guarded(call)]
+
+
 def tensor_code(t: Tensor) -> str:
     """Python source for a tensor of these values and dtype (meta: its shape; sparse: dense
     values then ``to_sparse()``)."""

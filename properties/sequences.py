@@ -66,7 +66,14 @@ from swapspec.properties.deviations import OBSERVED, ConformanceError, Deviation
 from swapspec.properties.examples import Example, named_tensors, same_values
 from swapspec.properties.module_model import LR, ModuleModel, Prediction
 from swapspec.properties.torch_deviations import APPLY_IDS
-from swapspec.strategies import CallInput, flag_settings, forward_inputs, module_trees, tree_info
+from swapspec.strategies import (
+    CallInput,
+    LoadInput,
+    flag_settings,
+    forward_inputs,
+    module_trees,
+    tree_info,
+)
 
 STATE, FORWARD, HOOKS, OPTIMIZER = "SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER"
 
@@ -82,14 +89,16 @@ palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVE
 trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())
 
 # The one-shot properties whose declarations a step of each kind is judged against.
-LOAD_RULE = False  # see SequenceMachine.load_state_dict
-
 STEP_PROPERTIES: dict[str, tuple[str, ...]] = {
     "convert": (*APPLY_IDS, "APPLY-ATOMIC", "APPLY-REFUSED-SWAP"),
     "functional_call": (*ids.FUNCTIONAL_CALL, "TOGETHER-CONVERTED-CALL"),
     "load_state_dict": tuple(pid for pid in ids.ALL if pid.startswith("LOAD")),
 }
-HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost")
+HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost", "tensor-hooks")
+# What a load step gives each tensor key: other values of the slot's dtype, other values in
+# float64 (floating slots), the module's own state_dict() (a round trip), or other values with
+# one key of a wrong shape (the load fails and changes nothing).
+LOAD_KINDS = ("other-values", "float64", "own", "wrong-shape")
 
 # Budget: steps per sequence, and the share of the profile's max_examples a sequence property
 # runs (a sequence costs about as much as STEPS one-shot examples).
@@ -288,26 +297,55 @@ class SequenceMachine(RuleBasedStateMachine):
             self.module, tensors, (self.x.clone(),), {}, tie_weights=tie_weights))
         self.after(check, prediction, outcome, lines, output=True)
 
-    # Off: the model does not yet predict what a load does to grads, classes and attributes on
-    # each path (it predicts values only), so with a target that has ``load_state_dict`` the rule
-    # fails the reference too. Turn it on with the model's load rule (see README, Known gaps).
-    @precondition(lambda self: LOAD_RULE and getattr(self.target, "load_state_dict", None) is not None)
+    @precondition(lambda self: getattr(self.target, "load_state_dict", None) is not None)
     @rule(data=st.data())
     @while_judged
     def load_state_dict(self, data: st.DataObject) -> None:
+        """A strict ``target.load_state_dict`` of every key, with ``assign`` and the swap flag
+        drawn, and values drawn by kind (``LOAD_KINDS``)."""
         assign = data.draw(st.booleans(), label="assign")
         swap = data.draw(st.booleans(), label="swap")
-        keys = self.module.state_dict(keep_vars=True).keys()
-        values = {i: given_value(t.value) for i, t in enumerate(self.model.tensors)}
-        state_dict = {k: values[self.model.slots[k]] for k in keys if k in self.model.slots}
-        check = self.begin("load_state_dict")
-        given = "{" + ", ".join(f"{k!r}: {repro.tensor_code(v)}" for k, v in state_dict.items()) + "}"
-        lines = ["error = None", *repro.guarded([
-            f"target.load_state_dict(module, {given}, strict=True, assign={assign}, swap={swap})"])]
-        self.model.loaded(state_dict, assign)
-        outcome = attempt(lambda: self.target.load_state_dict(self.module, state_dict, strict=True,
-                                                              assign=assign, swap=swap))
-        self.after(check, Prediction(), outcome, lines)
+        kind = data.draw(st.sampled_from(LOAD_KINDS), label="values")
+        state_dict, values, bad = self.load_values(kind, data)
+        load = LoadInput(state_dict, strict=True, assign=assign, swap=swap,
+                         invalid=("wrong-shape",) if bad else (), bad_keys=bad)
+        check = self.begin("load_state_dict", load=load)
+        before = self.model.snapshot()
+        prediction = (Prediction(error=RuntimeError) if bad else
+                      self.model.load(values, assign=assign, swap=swap, own=kind == "own"))
+        outcome = attempt(lambda: self.target.load_state_dict(
+            self.module, state_dict, strict=True, assign=assign, swap=swap))
+        if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
+            self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
+            self.model.poisoned = True
+        self.after(check, prediction, outcome, repro.load_lines(self.target, kind, state_dict,
+                                                                  assign, swap))
+        if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
+            self.model.stop_checking_hooks(range(len(self.model.tensors)))
+
+    def load_values(self, kind: str, data: st.DataObject
+                    ) -> tuple[dict[str, Any], dict[int, Tensor], tuple[str, ...]]:
+        """The state dict of one load (the module's own ``state_dict()``, its tensor keys
+        replaced by ``kind``), each tensor index's value, and the keys given a wrong shape."""
+        state_dict = self.module.state_dict()
+        keys = [k for k in state_dict if k in self.model.slots]
+        made: dict[int, Tensor] = {}
+        for key in keys:
+            index = self.model.slots[key]
+            if kind != "own" and index not in made:
+                made[index] = load_value(self.model.tensors[index].value, kind)
+            if kind != "own":
+                state_dict[key] = made[index]
+        values = {}
+        for key in keys:
+            values.setdefault(self.model.slots[key], state_dict[key])
+        bad: tuple[str, ...] = ()
+        if kind == "wrong-shape" and keys:
+            key = data.draw(st.sampled_from(keys), label="wrong-shape key")
+            value = state_dict[key]
+            state_dict[key] = torch.zeros((*value.shape, 2), dtype=value.dtype, device=value.device)
+            bad = (key,)
+        return state_dict, values, bad
 
     @rule(data=st.data())
     @while_judged
@@ -603,6 +641,12 @@ def agrees(outcome: Outcome, prediction: Prediction) -> bool:
     if outcome.error is not None or prediction.error is not None:
         return type(outcome.error) is prediction.error
     return same_values(outcome.result.detach(), prediction.result)
+
+
+def load_value(value: Tensor, kind: str) -> Tensor:
+    """A load's value for a slot now holding ``value`` (see ``LOAD_KINDS``)."""
+    new = given_value(value)
+    return new.double() if kind == "float64" and new.is_floating_point() else new
 
 
 def given_value(value: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from swapspec.properties import ids
 from swapspec.properties.common import _swappable
 from swapspec.properties.deviations import Deviation
 from swapspec.properties.examples import named_tensors
@@ -49,7 +50,8 @@ def torch_refused(example: Any) -> set[int]:
     fresh build of the tree (the build replays its training): an old-style reparametrization's
     computed attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
     spectral_norm's and prune's ``_orig``, prune's mask; a ``backward()`` frees it), or a
-    grad's graph. Cached on the example."""
+    grad's graph. A module the tree builder did not build (a sequence's deep copy) has no
+    fresh build to probe: nothing counts as refused. Cached on the example."""
     cached = example.__dict__.get("_torch_refused")
     if cached is None:
         cached = example.__dict__["_torch_refused"] = _probe_refused(example.module)
@@ -60,7 +62,10 @@ def _probe_refused(module: nn.Module) -> set[int]:
     """A tensor where the fresh build has it on the same device is probed on the build; one the
     module has since moved (``XLA-LOAD-INTO`` moves it to XLA; the build's autograd state says
     nothing about it then) is probed in place, swapped with a copy and straight back."""
-    info = tree_info(module)
+    try:
+        info = tree_info(module)
+    except KeyError:  # not built by strategies.build_tree
+        return set()
     if info is None:
         return set()
     copy = info.build()  # kept alive: its computed attributes hold the graphs that refuse
@@ -342,6 +347,35 @@ def uninitialized_refused(example: Any) -> bool:
     return (example.load.assign or example.load.swap) and _has_uninitialized(example)
 
 
+def load_step(example: Any) -> bool:
+    """A sequence's ``load_state_dict`` step (its example carries the step's name)."""
+    return getattr(example, "step", "") == "load_state_dict"
+
+
+def step_swap_loses_identity(example: Any) -> bool:
+    return load_step(example) and swap_loses_identity(example)
+
+
+def step_assign_splits_ties(example: Any) -> bool:
+    return load_step(example) and assign_splits_ties(example)
+
+
+def step_assign_replaces_own_data(example: Any) -> bool:
+    return load_step(example) and assign_replaces_own_data(example)
+
+
+def step_writes_before_failing(example: Any) -> bool:
+    return load_step(example) and not example.load.is_valid and writes_before_failing(example)
+
+
+def step_swaps_with_graph_grads(example: Any) -> bool:
+    """A load step under the swap flag while some parameter's grad carries an autograd graph
+    (an earlier ``backward(create_graph=True)``): that graph can hold a parameter, which
+    ``swap_tensors`` refuses, after torch has swapped the keys before it."""
+    return load_step(example) and example.load.swap and any(
+        p.grad is not None and p.grad.grad_fn is not None for p in _params(example))
+
+
 # ---- declarations ---------------------------------------------------------------------------
 
 CROSS_DEVICE = ("XLA-LOAD-INTO", "XLA-LOAD-FROM")  # the LOAD- rules across devices (test_xla.py)
@@ -499,4 +533,69 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.LazyLinear(2)\n"
         "m.load_state_dict(m.state_dict(), assign=True)  # RuntimeError: ... uninitialized",
         TORCH_SEEN),
+    # The same behaviours at a sequence's load step, under the SEQ- clause names: the one-shot
+    # declarations above are matched there too, but name their own clauses.
+    Deviation(
+        ids.SEQUENCES, step_swap_loses_identity,
+        ("class", "attributes", "grad-lost", "grad-value"), always=False, reason=
+        "At a sequence's load step under the swap flag torch loses a Parameter subclass's class, "
+        "its instance attributes, its grad and its hooks (the LOAD-IDENTITY deviation). "
+        "Seen on torch 2.13.\n"
+        "m = torch.nn.Linear(2, 2); m(torch.ones(1, 2)).sum().backward()\n"
+        "sd = {k: v + 1 for k, v in m.state_dict().items()}\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(sd)\n"
+        "assert m.weight.grad is not None  # fails",
+        torch_versions=TORCH_SEEN),
+    Deviation(
+        ids.SEQUENCES, step_assign_splits_ties, ("parameter-tie-split", "buffer-tie-split"),
+        always=False, reason=
+        "At a sequence's load step with assign=True (swap flag off) torch puts one new object "
+        "per key, so tied slots come apart (the LOAD-TIES deviation). Seen on torch 2.13.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight\n"
+        "sd = {k: v + 1 for k, v in m.state_dict().items()}\n"
+        "m.load_state_dict(sd, assign=True)\n"
+        "assert m[0].weight is m[1].weight  # fails",
+        torch_versions=TORCH_SEEN),
+    Deviation(
+        ids.SEQUENCES, step_assign_replaces_own_data,
+        ("object-changed", "class", "attributes", "grad-lost", "grad-value"), always=False,
+        reason=
+        "At a sequence's load step of the module's own state_dict() with assign=True torch "
+        "replaces the slot (a new Parameter without grad, attributes or hooks; with the swap "
+        "flag a swapped-in TensorImpl) where the spec leaves it as it is (the LOAD-PATH "
+        "deviation). Seen on torch 2.13.\n"
+        "m = torch.nn.Linear(2, 2); w = m.weight\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert m.weight is w  # fails",
+        torch_versions=TORCH_SEEN),
+    Deviation(
+        ids.SEQUENCES, step_writes_before_failing,
+        ("value", "object-changed", "class", "attributes", "requires-grad", "grad-lost",
+         "grad-value", "parameter-tie-split", "buffer-tie-split"), always=False, reason=
+        "At a sequence's load step where one key has a wrong shape, torch loads every other "
+        "key before it raises (the LOAD-ATOMIC deviation). Seen on torch 2.13.\n"
+        "m = torch.nn.Linear(2, 2); w = m.weight.clone()\n"
+        "sd = {k: v + 1 for k, v in m.state_dict().items()}; sd['bias'] = torch.zeros(2, 2)\n"
+        "try: m.load_state_dict(sd)\n"
+        "except RuntimeError: pass\n"
+        "assert torch.equal(m.weight, w)  # fails",
+        torch_versions=TORCH_SEEN),
+    Deviation(
+        ids.SEQUENCES, step_swaps_with_graph_grads,
+        ("value", "object-changed", "class", "attributes", "requires-grad", "grad-lost",
+         "grad-value"), always=False, reason=
+        "At a sequence's load step under the swap flag after backward(create_graph=True), the "
+        "grads' graph holds a parameter, swap_tensors refuses it, and torch has already swapped "
+        "the keys before it (values loaded, grads lost): the load raises half done (the "
+        "reference refuses and undoes everything). Seen on torch 2.13.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "(m(torch.ones(1, 2)) ** 2).sum().backward(create_graph=True)\n"
+        "sd = {k: v + 1 for k, v in m.state_dict().items()}; b = m[1].bias.clone()\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "try: m.load_state_dict(sd)  # RuntimeError: While swapping the parameter named ...\n"
+        "except RuntimeError: pass\n"
+        "assert torch.equal(m[1].bias, b)  # fails",
+        torch_versions=TORCH_SEEN),
 )

@@ -1,8 +1,9 @@
 """A failing sequence's repro is standalone: in a fresh interpreter it fails on the target
 and passes once the target is swapped for the reference.
 
-The sequence comes from a sequence zoo target (``tests/zoo/grads_lost_after_training.py``), run
-in-process with fixed settings (derandomized, no database).
+The sequences come from zoo targets, run in-process with fixed settings (derandomized, no
+database): ``tests/zoo/grads_lost_after_training.py`` (a conversion step breaks the state) and
+``tests/zoo/load_commit_as_you_go.py`` (a load step does: it writes keys before it fails).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from swapspec.properties.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = "tests.zoo.grads_lost_after_training:target"
+LOAD_ZOO = "tests.zoo.load_commit_as_you_go:target"
 FIXED = settings(max_examples=100, derandomize=True, database=None, deadline=None,
                  stateful_step_count=STEPS)
 
@@ -30,13 +32,32 @@ def _run(script: str, path: Path) -> subprocess.CompletedProcess:
                           timeout=120, check=False, env={"PYTHONPATH": str(ROOT), "PATH": ""})
 
 
-def test_failing_sequence_prints_a_standalone_asserting_repro(tmp_path: Path) -> None:
-    """Rule: the script ends in an assert that fails on the target and passes on the reference."""
+def _repro_of_failing_sequence(selector: str) -> tuple[str, str]:
+    """(the message, the repro script) of the first failing SEQ-STATE sequence on ``selector``."""
     with pytest.raises(ConformanceError) as caught:
-        run_sequences(load_target(ZOO), STATE, settings_=FIXED)
-    script = repro_of(caught.value)
+        run_sequences(load_target(selector), STATE, settings_=FIXED)
+    return str(caught.value), repro_of(caught.value)
+
+
+def _assert_fails_on_target_only(selector: str, script: str, tmp_path: Path) -> None:
     assert steps_in(script) >= 1 and script.rstrip().splitlines()[-1].startswith("assert ")
     on_target = _run(script, tmp_path / "repro_target.py")
     assert on_target.returncode != 0 and "AssertionError" in on_target.stderr, on_target.stderr
-    on_reference = _run(script.replace(repr(ZOO), repr("reference")), tmp_path / "repro_ref.py")
+    on_reference = _run(script.replace(repr(selector), repr("reference")),
+                        tmp_path / "repro_ref.py")
     assert on_reference.returncode == 0, on_reference.stderr[-2000:]
+
+
+def test_failing_sequence_prints_a_standalone_asserting_repro(tmp_path: Path) -> None:
+    """Rule: the script ends in an assert that fails on the target and passes on the reference."""
+    _, script = _repro_of_failing_sequence(ZOO)
+    _assert_fails_on_target_only(ZOO, script, tmp_path)
+
+
+def test_failing_load_step_prints_a_standalone_asserting_repro(tmp_path: Path) -> None:
+    """Rule: a sequence failing at a load step prints the load (the state dict as given, the
+    flags) in a script that fails on the target and passes on the reference."""
+    message, script = _repro_of_failing_sequence(LOAD_ZOO)
+    assert "at step 'load_state_dict'" in message, message[:2000]
+    assert "target.load_state_dict(module, sd, strict=True" in script
+    _assert_fails_on_target_only(LOAD_ZOO, script, tmp_path)
