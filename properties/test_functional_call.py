@@ -62,8 +62,9 @@ from swapspec.strategies.decorations import PARAMETRIZATIONS
 
 trees = with_modules(module_trees(world_chance=WORLD_CHANCE))
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
+# Plain tensors only: a write-back is a rebind of a buffer's object, the same in every world.
 updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50,
-                              needs=("updating-leaf",), world_chance=WORLD_CHANCE)
+                              needs=("updating-leaf",))
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
 # whose uninitialized parameters cannot be given), so few examples are filtered.
 tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_chance=WORLD_CHANCE)

@@ -21,7 +21,7 @@ import pytest
 from tests.zoo import NO_SHRINK_ENV, PROPERTIES_ENV, ZOO, selector, zoo_module
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 240
+TIMEOUT_S = 600  # the whole suite in one process, on a loaded 2-core machine
 
 
 def run_suite(target: str, paths: tuple[str, ...], report: Path,
