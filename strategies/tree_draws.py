@@ -775,7 +775,8 @@ def module_trees(
       parameter that requires grad: the first frozen one is unfrozen, or a generic leaf of one
       parameter is added).
       A tree with no leaf that can take the feature (no parameter at all; for ``'grad'``, every
-      parameter tied or decorated) is drawn as it is.
+      parameter tied or decorated) is drawn as it is; so is, for ``'alias'``, a tree whose
+      training forward (``trained``) rebinds a tied buffer, which splits the tie.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.

@@ -330,8 +330,9 @@ NEED_CHECKS = {
 
 
 # the documented exceptions ("a tree with no leaf that can take the feature is drawn as it is"),
-# kept out: a tree with no tensor cannot alias; a parameter tied or decorated keeps no grad
-NEED_OPTIONS = {"alias": {"needs": ("tensor", "alias")},
+# kept out: a tree with no tensor cannot alias, nor one whose training forward rebinds a tied
+# buffer; a parameter tied or decorated keeps no grad
+NEED_OPTIONS = {"alias": {"needs": ("tensor", "alias"), "behaviours": ("inplace", "raise", "report")},
                 "grad": {"needs": ("grad",), "decoration_chance": 0, "ties": False}}
 
 
