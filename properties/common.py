@@ -58,7 +58,9 @@ def attempt(call: Callable[[], Any]) -> Outcome:
     try:
         return Outcome(result=call())
     except Exception as e:  # the property decides whether raising was right
-        return Outcome(error=e)
+        # without this frame in its traceback: the frame holds ``e``, a cycle that would keep
+        # every frame below (and the tensors and graphs they hold) alive until a collection
+        return Outcome(error=e.with_traceback(e.__traceback__.tb_next))
 
 
 def no_error(check: Checker, outcome: Outcome, what: str) -> bool:

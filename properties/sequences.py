@@ -205,6 +205,10 @@ def while_judged(step: Callable) -> Callable:
     return run
 
 
+# steps whose outcome can depend on a swap being refused (the swap flag, wrapper subclasses)
+SWAPPING_STEPS = ("convert", "load_state_dict")
+
+
 class SequenceMachine(RuleBasedStateMachine):
     """A module's life on one target, checked against the model (see the module docstring).
 
@@ -454,11 +458,13 @@ class SequenceMachine(RuleBasedStateMachine):
         """The check of a step about to run: its declarations are matched now, on the module
         before the step (a predicate describes the input, never the outcome).
 
-        Garbage is collected first: a reference cycle left by an earlier step (an exception's
-        traceback holding an autograd graph) can keep a tensor's implementation referenced, and
-        ``swap_tensors`` refuses such a tensor, so without it a step's outcome would depend on
-        when Python's collector last ran."""
-        gc.collect()
+        Before a step that may swap tensors (``SWAPPING_STEPS``) garbage is collected: a
+        reference cycle left by an earlier step (an exception's traceback holding an autograd
+        graph) can keep a tensor's implementation referenced, and ``swap_tensors`` refuses such
+        a tensor, so without it the step's outcome would depend on when Python's collector last
+        ran."""
+        if step in SWAPPING_STEPS:
+            gc.collect()
         return StepCheck(self.property_id, self.target,
                          StepExample(self.module, step=step, **example))
 
