@@ -205,8 +205,9 @@ def while_judged(step: Callable) -> Callable:
     return run
 
 
-# steps whose outcome can depend on a swap being refused (the swap flag, wrapper subclasses)
-SWAPPING_STEPS = ("convert", "load_state_dict")
+# steps after which garbage is collected: the build (no garbage of an earlier test or sequence
+# reaches this one) and the steps whose outcome can depend on a swap being refused
+COLLECTING_STEPS = ("build", "convert", "load_state_dict")
 
 
 class SequenceMachine(RuleBasedStateMachine):
@@ -458,12 +459,13 @@ class SequenceMachine(RuleBasedStateMachine):
         """The check of a step about to run: its declarations are matched now, on the module
         before the step (a predicate describes the input, never the outcome).
 
-        Before a step that may swap tensors (``SWAPPING_STEPS``) garbage is collected: a
+        Before the build and a step that may swap tensors (``COLLECTING_STEPS``) garbage is
+        collected: a
         reference cycle left by an earlier step (an exception's traceback holding an autograd
         graph) can keep a tensor's implementation referenced, and ``swap_tensors`` refuses such
         a tensor, so without it the step's outcome would depend on when Python's collector last
         ran."""
-        if step in SWAPPING_STEPS:
+        if step in COLLECTING_STEPS:
             gc.collect()
         return StepCheck(self.property_id, self.target,
                          StepExample(self.module, step=step, **example))
