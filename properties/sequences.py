@@ -460,8 +460,7 @@ class SequenceMachine(RuleBasedStateMachine):
         before the step (a predicate describes the input, never the outcome).
 
         Before the build and a step that may swap tensors (``COLLECTING_STEPS``) garbage is
-        collected: a
-        reference cycle left by an earlier step (an exception's traceback holding an autograd
+        collected: a reference cycle left earlier (an exception's traceback holding an autograd
         graph) can keep a tensor's implementation referenced, and ``swap_tensors`` refuses such
         a tensor, so without it the step's outcome would depend on when Python's collector last
         ran."""
