@@ -27,6 +27,9 @@ from swapspec.properties.load_examples import (
 )
 from swapspec.strategies import tree_info
 
+# the SEQ-STATE clauses a load step that writes or swaps what the spec keeps breaks
+STEP_STATE_CLAUSES = ("value", "object-changed", "class", "attributes", "requires-grad",
+                      "grad-lost", "grad-value")
 TORCH_SEEN = ("2.9.0", None)  # observed on 2.9.0 (the XLA leg) and 2.13.0
 # Observed on 2.9.0, fixed on 2.13.0 (pytorch #165873); 2.10-2.12 not run here.
 TORCH_SCALAR_INDEXED = ("2.9.0", "2.10")
@@ -572,8 +575,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         torch_versions=TORCH_SEEN),
     Deviation(
         ids.SEQUENCES, step_writes_before_failing,
-        ("value", "object-changed", "class", "attributes", "requires-grad", "grad-lost",
-         "grad-value", "parameter-tie-split", "buffer-tie-split"), always=False, reason=
+        (*STEP_STATE_CLAUSES, "parameter-tie-split", "buffer-tie-split"), always=False, reason=
         "At a sequence's load step where one key has a wrong shape, torch loads every other "
         "key before it raises (the LOAD-ATOMIC deviation). Seen on torch 2.13.\n"
         "m = torch.nn.Linear(2, 2); w = m.weight.clone()\n"
@@ -584,8 +586,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         torch_versions=TORCH_SEEN),
     Deviation(
         ids.SEQUENCES, step_swaps_with_graph_grads,
-        ("value", "object-changed", "class", "attributes", "requires-grad", "grad-lost",
-         "grad-value"), always=False, reason=
+        STEP_STATE_CLAUSES, always=False, reason=
         "At a sequence's load step under the swap flag after backward(create_graph=True), the "
         "grads' graph holds a parameter, swap_tensors refuses it, and torch has already swapped "
         "the keys before it (values loaded, grads lost): the load raises half done (the "
