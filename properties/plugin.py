@@ -21,7 +21,8 @@ Options (each also read from an environment variable, then from the ini file):
   clause -> examples), ``declarations`` (declaration key -> ``[examples it applied to,
   examples that showed it]``), ``undeclared`` (survey mode: clause -> examples) and
   ``undeclared_messages`` (clause -> its first example's message); beside
-  the table, ``declared`` lists every declaration of the targets run, and ``filter_rates``; a
+  the table, ``declared`` lists every declaration of the targets run, ``filter_rates``, and
+  ``times`` (property -> target -> seconds of the call phase, summed over its tests); a
   failing cell also lists its
   failures (property, clause, message, repro), and a cell may hold the filter-rate ``cases``.
 - ``--swapspec-repro-dir`` / ``SWAPSPEC_REPRO_DIR``: also write each failure's standalone repro
@@ -522,8 +523,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     status = _status(report, entry)
     results = _config_results(report)
     if results is not None:
+        timed = {"seconds": report.duration} if report.when == "call" else {}
         results.append({**entry, "status": status, "nodeid": report.nodeid,
-                        "reason": _reason(report)})
+                        "reason": _reason(report), **timed})
 
 
 _CONFIG: list[pytest.Config] = []
@@ -710,6 +712,27 @@ def render_rates(rates: dict[str, dict[str, dict[str, int]]]) -> list[str]:
     return lines
 
 
+def call_times(results: list[dict]) -> dict[str, dict[str, float]]:
+    """``{property: {target: seconds}}``: the call phase's wall time of every test of that pair,
+    summed (setup and teardown left out, as in pytest's ``--durations``)."""
+    table: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in results:
+        if "seconds" in r:
+            row = table[r["property"]]
+            row[r["target"]] = row.get(r["target"], 0.0) + r["seconds"]
+    return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
+
+
+def render_times(times: dict[str, dict[str, float]]) -> list[str]:
+    """The per-property time table as Markdown rows, property x target, in seconds."""
+    targets = sorted({t for row in times.values() for t in row})
+    lines = ["| property | " + " | ".join(targets) + " |",
+             "|---|" + "---:|" * len(targets)]
+    lines += [f"| `{pid}` | " + " | ".join(f"{row[t]:.1f}" if t in row else "-" for t in targets)
+              + " |" for pid, row in times.items()]
+    return lines
+
+
 def declared_deviations(targets: list[Target]) -> list[dict]:
     """Every deviation the targets declare: key, properties, clauses, ``torch_versions``, targets."""
     found: dict[tuple, dict] = {}
@@ -741,6 +764,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if path:
         with open(path, "w") as f:
             json.dump({"torch": torch.__version__, "table": table, "filter_rates": rates,
+                       "times": call_times(results),
                        "declared": declared_deviations(config.swapspec_targets or [])},
                       f, indent=2, sort_keys=True)
         terminalreporter.write_line(f"swapspec: wrote JSON report to {path}")

@@ -248,6 +248,11 @@ def _check_report_matches_table(run: Run) -> None:
                 pid, target)
     assert table["FC-INPUT-FORMS"]["reference"] == ("-", "")
     assert all(cell["tests"] == 1 for row in want.values() for cell in row.values())
+    times = run.report["times"]
+    assert {(p, t) for p, row in times.items() for t in row} == {
+        (p, t) for p, row in want.items() for t, cell in row.items()
+        if cell["status"] != "skipped"}, "every cell that ran has its call time"
+    assert all(seconds >= 0 for row in times.values() for seconds in row.values())
 
 
 def test_json_report_matches_terminal_table(planted):

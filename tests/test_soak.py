@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from swapspec.properties import soak
-from swapspec.properties.plugin import filter_rates, render_rate
+from swapspec.properties.plugin import call_times, filter_rates, render_rate, render_times
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="3">
@@ -74,3 +74,15 @@ def test_filter_rates_sum_every_test_of_a_pair_and_skip_reports_without_counts()
     assert filter_rates(results) == {"P": {"t": {"cases": 40, "invalid": 6}}}
     assert render_rate({"cases": 40, "invalid": 6}) == "15.0% (6/40)"
     assert render_rate({"cases": 0, "invalid": 0}) == "0.0% (0/0)"
+
+
+def test_call_times_sum_every_test_of_a_pair_and_render_in_seconds():
+    results = [
+        {"property": "P", "target": "t", "seconds": 1.25},
+        {"property": "P", "target": "t", "seconds": 0.5},
+        {"property": "P", "target": "u", "seconds": 2.0},
+        {"property": "Q", "target": "u"},  # a report without a duration (an old report)
+    ]
+    assert call_times(results) == {"P": {"t": 1.75, "u": 2.0}}
+    assert render_times({"P": {"t": 1.75}, "Q": {"u": 2.0}}) == [
+        "| property | t | u |", "|---|---:|---:|", "| `P` | 1.8 | - |", "| `Q` | - | 2.0 |"]
