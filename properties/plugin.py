@@ -356,6 +356,7 @@ def pytest_runtest_call(item: pytest.Item):
     undeclared = Counter(deviations.UNDECLARED)
     try:
         with _count_cases(item):
+            _key_per_target(item)
             _use_shared_database(item)
             return (yield)
     finally:
@@ -395,6 +396,16 @@ def example_database(location: str):
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     return DirectoryBasedExampleDatabase(location)
+
+
+def _key_per_target(item: pytest.Item) -> None:
+    """Give each property x target its own example-database key, derived from the test id (as
+    Hypothesis does for ``@pytest.mark.parametrize`` and HypoFuzz for every test it fuzzes), so
+    a target's saved examples replay on that target only, and a failure a HypoFuzz campaign
+    saved replays in pytest."""
+    inner = getattr(getattr(item.obj, "hypothesis", None), "inner_test", None)
+    if inner is not None and is_property_test(item):
+        inner._hypothesis_internal_add_digest = item.nodeid.encode()
 
 
 def _use_shared_database(item: pytest.Item) -> None:

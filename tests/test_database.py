@@ -8,6 +8,7 @@ can only come from the database; the same run on an empty database passes.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.test_plugin import PLANTED, TIES, run_pytest
@@ -55,3 +56,16 @@ def test_the_database_is_the_properties_only(tmp_path):
     assert not database.exists() or not any(p.is_file() for p in database.rglob("*"))
     own = tmp_path / "hypothesis"  # HYPOTHESIS_STORAGE_DIRECTORY of run_pytest
     assert any(p.is_file() for p in own.rglob("*")), "the host's failure went nowhere"
+
+
+def test_saved_examples_replay_on_their_own_target_only(tmp_path):
+    database = tmp_path / "examples"
+    found = _run(tmp_path, database, "tests.planted.fast_profile")
+    assert found.returncode == 1, found.output[-2000:]
+    other = run_pytest(tmp_path, f"{TIES}[reference]", "--swapspec-target=reference",
+                       "-p", "tests.planted.replay_only", f"--swapspec-database={database}", "-q",
+                       timeout=300)
+    assert other.returncode == 0, other.output[-2000:]
+    assert re.search(r"told to run no (examples|test cases)", other.output), (
+        "the reference replayed the broken target's examples: the targets share a database key\n"
+        + other.output[-2000:])

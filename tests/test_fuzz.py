@@ -1,0 +1,53 @@
+"""A failure a HypoFuzz campaign finds replays in plain pytest from the campaign's database.
+
+The campaign (``python -m swapspec.properties.fuzz run``, one HypoFuzz worker) fuzzes one
+property against a planted broken target until it has found, shrunk and saved the failure,
+then stops; ``fuzz report`` counts the saved failure; a fresh pytest process that may only
+replay saved examples (``tests/planted/replay_only.py``) then fails with the same broken rule
+from ``--swapspec-database=$HYPOTHESIS_STORAGE_DIRECTORY/examples``, and passes on an empty
+database (``tests/test_database.py``).
+
+HypoFuzz 25.11.1 reads ``ConjectureResult.slice_comments``, which Hypothesis releases after
+6.157.0 no longer have, so it runs with the pins of ``constraints/fuzz.txt`` (the CI fuzz leg).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_plugin import PLANTED, REPO, TIES, _env, run_pytest
+
+pytest.importorskip("hypofuzz", reason="HypoFuzz is not installed; this test runs in an "
+                                       "environment made from constraints/fuzz.txt (CI's fuzz leg)")
+
+TARGET = f"{PLANTED}:tie_split"
+TEST = f"{TIES}[broken-tie-split]"
+SECONDS = 60  # a bound: the worker finds the failure in its first test cases
+
+
+def _fuzz(tmp: Path, *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "swapspec.properties.fuzz", *command, "--", TEST,
+         f"--swapspec-target={TARGET}", "-p", "no:xdist", "-p", "no:cacheprovider"],
+        cwd=REPO, env=_env(tmp), capture_output=True, text=True, timeout=SECONDS + 240)
+
+
+def test_a_failure_hypofuzz_finds_replays_in_pytest_from_the_campaign_database(tmp_path):
+    campaign = _fuzz(tmp_path, "run", str(SECONDS), "-n", "1")
+    assert campaign.returncode == 0, campaign.stdout[-2000:] + campaign.stderr[-3000:]
+    assert "AttributeError" not in campaign.stderr, campaign.stderr[-3000:]
+    report = _fuzz(tmp_path, "report")
+    assert report.returncode == 0, report.stderr[-3000:]
+    found = re.search(r"total: (\d+) test cases, (\d+) failures", report.stdout)
+    assert found and int(found.group(2)) >= 1, f"the campaign saved no failure:\n{report.stdout}"
+    database = tmp_path / "hypothesis" / "examples"
+    replay = run_pytest(tmp_path, TEST, f"--swapspec-target={TARGET}",
+                        "-p", "tests.planted.replay_only", f"--swapspec-database={database}",
+                        "-q", timeout=300)
+    assert replay.returncode == 1, replay.output[-2000:]
+    assert "broken rule [parameter-tie-split]" in replay.output, replay.output[-2000:]
