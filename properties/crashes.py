@@ -9,7 +9,11 @@ Rules:
   its process, in a directory the controller chose. A test that finishes removes its file.
 * When xdist reports a crash, the controller adds the crashed worker's in-flight repro to
   the failure, and the property's report cell for that target becomes ``fail``.
-* Without xdist a crash ends the whole run: nothing can survive its own process dying.
+* A HypoFuzz worker of ``python -m swapspec.properties.fuzz run`` (``FUZZ_ENV`` set) writes the
+  same in-flight file; the campaign runner reads a dead worker's file, reports the crash with
+  its repro, and restarts the worker without that fuzz target.
+* Without xdist or the campaign runner a crash ends the whole run: nothing can survive its own
+  process dying.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 DIR_ENV = "SWAPSPEC_CRASH_DIR"
+FUZZ_ENV = "SWAPSPEC_FUZZ_WORKER"  # set in the campaign runner's HypoFuzz workers
 CURRENT: dict[str, str] = {}  # the worker's running test: {"nodeid": ...}
 
 
@@ -55,8 +60,9 @@ def _own_file() -> Path | None:
 def record(property_id: str, target: Any, example: Any) -> None:
     """Write the repro of the example about to run (best effort: never fails the test)."""
     path = _own_file()
-    if path is None or "nodeid" not in CURRENT or not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # without xdist nothing would read the file: the crash ends the run
+    xdist = "nodeid" in CURRENT and os.environ.get("PYTEST_XDIST_WORKER")
+    if path is None or not (xdist or os.environ.get(FUZZ_ENV)):
+        return  # without xdist or the campaign runner nothing would read the file
     from swapspec.properties.repro import apply_repro, call_repro
 
     try:
@@ -65,7 +71,7 @@ def record(property_id: str, target: Any, example: Any) -> None:
                   if example.conversion is not None else "")
     except Exception as e:  # a repro that cannot be written must not change the verdict
         script = f"# no repro: {type(e).__name__}: {e}"
-    entry = {"nodeid": CURRENT["nodeid"], "property": property_id, "target": target.name,
+    entry = {"nodeid": CURRENT.get("nodeid", ""), "property": property_id, "target": target.name,
              "repro": script}
     path.write_text(json.dumps(entry))
 
@@ -75,6 +81,15 @@ def clear() -> None:
     path = _own_file()
     if path is not None:
         path.unlink(missing_ok=True)
+
+
+def read(directory: str, pid: int) -> dict[str, str] | None:
+    """The in-flight entry process ``pid`` left in ``directory`` (it died running it), if any."""
+    path = Path(directory) / f"inflight-{pid}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def find(nodeid: str) -> dict[str, str] | None:
