@@ -62,7 +62,14 @@ from swapspec import reference
 from swapspec.properties import ids
 from swapspec.properties import sequence_repro as repro
 from swapspec.properties.common import Outcome, attempt, conversion_named, same_metadata
-from swapspec.properties.deviations import OBSERVED, ConformanceError, Deviation, Violation
+from swapspec.properties.deviations import (
+    DECLARED,
+    DECLARED_SHOWN,
+    OBSERVED,
+    ConformanceError,
+    Deviation,
+    Violation,
+)
 from swapspec.properties.examples import Example, named_tensors, same_values
 from swapspec.properties.module_model import LR, ModuleModel, Prediction
 from swapspec.properties.torch_deviations import APPLY_IDS
@@ -170,6 +177,10 @@ class StepCheck:
             raise ConformanceError("\n".join(lines))
         for clause in violated | shown:
             OBSERVED[(self.property_id, self.target.name, clause)] += 1
+        for d in self.declared:  # the report's evidence per declaration, as one-shot checks give
+            key = (self.property_id, self.target.name, d.key)
+            DECLARED[key] += 1
+            DECLARED_SHOWN[key] += bool(shown & set(d.clauses))
         self.shown = bool(shown)
         return bool(self.declared)
 

@@ -30,9 +30,14 @@ from swapspec.strategies import tree_info
 # the SEQ-STATE clauses a load step that writes or swaps what the spec keeps breaks
 STEP_STATE_CLAUSES = ("value", "object-changed", "class", "attributes", "requires-grad",
                       "grad-lost", "grad-value")
-TORCH_SEEN = ("2.9.0", None)  # observed on 2.9.0 (the XLA leg) and 2.13.0
-# Observed on 2.9.0, fixed on 2.13.0 (pytorch #165873); 2.10-2.12 not run here.
-TORCH_SCALAR_INDEXED = ("2.9.0", "2.10")
+# Ranges from the oracle matrix (docs/oracle-matrix.md, "The load_state_dict and sequence matrix").
+# Observed on every release it ran, 2.4.0 to 2.14.1:
+TORCH_ALL = (None, None)
+# Observed on 2.4.0, 2.8.0 and 2.9.0; the repro raises the size mismatch on 2.10.0 and later
+# (pytorch #165873):
+TORCH_SCALAR_INDEXED = (None, "2.10")
+# The sequence-step declarations, observed on 2.13.0 (not yet in the matrix):
+TORCH_SEEN = ("2.9.0", None)
 
 # ---- facts about torch's load_state_dict --------------------------------------------------
 
@@ -395,7 +400,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(m.state_dict())  # RuntimeError: ... Expected use_count of t1 to be 1 "
         "or 2 ... got 3",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         ("LOAD-ATOMIC", *CROSS_DEVICE), scalar_takes_first_element, ("raised-none", "changed"),
         "torch before pytorch #165873's fix indexes any 1-dim value given for a 0-dim slot "
@@ -425,7 +430,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "try: m.load_state_dict(sd)\n"
         "except RuntimeError: pass\n"
         "assert not torch.equal(m[0].weight, w)  # half-loaded",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         "LOAD-TIES", refused_with_conflict, "changed",
         "A load with tied names given different values that torch refuses for a refused swap "
@@ -435,7 +440,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = m.state_dict(); sd['s'] = torch.zeros(2); sd['bias'] = sd['bias'] + 1\n"
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(sd)  # RuntimeError (weight_g), and bias, s are loaded",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         ("LOAD-TIES", "LOAD-ATOMIC", "LOAD-KEYS", *CROSS_DEVICE), _conflict_only,
         ("conflict-accepted", "raised-none"),
@@ -446,7 +451,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
         "m.load_state_dict(sd)  # no error\n"
         "assert torch.equal(m[0].weight, torch.ones(2, 2))",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         "LOAD-KEYS", _conflict_and_other_error, "message",
         "torch's error message never names tied names given different values (it does not see "
@@ -456,7 +461,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
         "sd['1.bias'] = torch.zeros(3)\n"
         "m.load_state_dict(sd)  # RuntimeError naming only the size mismatch of 1.bias",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         ("LOAD-TIES", *CROSS_DEVICE), assign_splits_ties, "tie-split",
         "With assign=True (swap flag off) torch setattr's Parameter(value) into each slot, one "
@@ -465,7 +470,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m[1].weight = m[0].weight\n"
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m[0].weight is not m[1].weight",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         "LOAD-PATH", assign_replaces_own_data, "path-kept",
         "With assign=True torch replaces a slot given its own data (state_dict()'s detached "
@@ -474,7 +479,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.Linear(2, 2); w = m.weight\n"
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m.weight is not w",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         ("LOAD-PATH", *CROSS_DEVICE), swapped_twice, ("path-swap", "path-kept"), always=False,
         reason=
@@ -486,7 +491,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "c = m.running_mean._cdata; m.load_state_dict(m.state_dict(), assign=True)\n"
         "print(m.running_mean._cdata == c)  # True or False, by the allocator",
-        torch_versions=TORCH_SEEN),
+        torch_versions=TORCH_ALL),
     Deviation(
         "LOAD-ROUND-TRIP", round_trip_assign_replaces, "changed",
         "Loading state_dict() back with assign=True (swap flag off) puts new objects in every "
@@ -494,7 +499,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.BatchNorm1d(2); w, mean = m.weight, m.running_mean\n"
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m.weight is not w and m.running_mean is not mean",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         "LOAD-IDENTITY", swap_loses_identity, ("class", "attributes", "grad", "tensor-hooks"),
         "On the swap path swap_tensors swaps __class__, __dict__ and the TensorImpl (with its "
@@ -507,7 +512,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(m.state_dict())\n"
         "assert type(m.weight) is torch.nn.Parameter and m.weight.grad is None\n"
         "assert not hasattr(m.weight, 'tag')",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         CROSS_DEVICE, swap_drops_written_identity, ("class", "attributes", "grad"),
         "Across devices as on one (see the LOAD-IDENTITY deviation): on the swap path "
@@ -519,7 +524,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(sd)\n"
         "assert m.weight.grad is None and not hasattr(m.weight, 'tag')",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         "LOAD-ROUND-TRIP", round_trip_swap_loses_identity, "changed",
         "Loading state_dict() back under the swap flag loses a Parameter subclass's class, its "
@@ -528,14 +533,14 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(m.state_dict())\n"
         "assert m.weight.grad is None",
-        TORCH_SEEN),
+        TORCH_ALL),
     Deviation(
         "LOAD-ROUND-TRIP", uninitialized_refused, "raised",
         "torch's assign and swap paths raise on an uninitialized (lazy) parameter given its own "
         "state dict entry (Parameter() and module_load touch the uninitialized data).\n"
         "m = torch.nn.LazyLinear(2)\n"
         "m.load_state_dict(m.state_dict(), assign=True)  # RuntimeError: ... uninitialized",
-        TORCH_SEEN),
+        TORCH_ALL),
     # The same behaviours at a sequence's load step, under the SEQ- clause names: the one-shot
     # declarations above are matched there too, but name their own clauses.
     Deviation(

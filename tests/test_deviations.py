@@ -1,4 +1,4 @@
-"""Unit tests of the deviation machinery and the report's table: no subprocesses, no torch calls."""
+"""Unit tests of the deviation machinery and the report's table: no subprocesses, no target calls."""
 
 from __future__ import annotations
 
@@ -180,6 +180,21 @@ def test_a_passing_example_counts_each_declaration_that_applied_and_whether_it_s
                                    ("APPLY-TIES", "planted", quiet.key): 1}
     assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", shown.key): 1,
                                          ("APPLY-TIES", "planted", quiet.key): 0}
+
+
+def test_a_sequence_step_counts_each_declaration_that_applied_and_whether_it_showed():
+    from swapspec.properties.sequences import StepCheck, StepExample
+
+    shown = _always("value", property_id="SEQ-STATE")
+    quiet = _always("grad-lost", property_id="SEQ-STATE", always=False)
+    step = StepExample(module=torch.nn.Linear(1, 1), step="train")
+    check = StepCheck("SEQ-STATE", _target(shown, quiet), step)
+    check.that(False, "value", "stale value", "")
+    assert check.verdict(lambda violations: "") is True
+    assert dict(deviations.DECLARED) == {("SEQ-STATE", "planted", shown.key): 1,
+                                         ("SEQ-STATE", "planted", quiet.key): 1}
+    assert dict(deviations.DECLARED_SHOWN) == {("SEQ-STATE", "planted", shown.key): 1,
+                                               ("SEQ-STATE", "planted", quiet.key): 0}
 
 
 def test_survey_mode_counts_undeclared_and_stale_instead_of_raising(monkeypatch):
