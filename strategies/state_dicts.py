@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,9 +181,10 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _invalidate(draw: Any, module: nn.Module, given: dict[str, Any], kinds: dict[str, str],
-                gen: torch.Generator) -> tuple[str, str]:
-    """One bad input; returns (kind, key)."""
-    tensor_keys = [k for k, v in given.items() if isinstance(v, Tensor) and not is_lazy(v)]
+                gen: torch.Generator, keep: Collection[str] = ()) -> tuple[str, str]:
+    """One bad input, for a key outside ``keep``; returns (kind, key)."""
+    tensor_keys = [k for k, v in given.items()
+                   if isinstance(v, Tensor) and not is_lazy(v) and k not in keep]
     kind = draw(st.sampled_from(list(INVALID_KINDS)))
     if kind in ("missing", "wrong-shape", "non-tensor") and not tensor_keys:
         kind = "unexpected"
@@ -224,14 +225,14 @@ def _conflict_groups(own: dict[str, Any], fitting: list[str]) -> list[list[str]]
 
 
 def _fail_reasons(module: nn.Module, own: dict[str, Any], given: dict[str, Any],
-                  strict: bool | None) -> dict[str, list[str]]:
+                  strict: bool) -> dict[str, list[str]]:
     """Each reason of ``FAIL_REASONS`` this input allows, with the keys it can concern (a
     conflict: the first key of each group that can conflict)."""
     fitting = _fitting_keys(own, given)
     keys = {"unexpected": [""], "wrong-shape": fitting, "non-tensor": fitting,
             "missing": [k for k in fitting if k not in filled_by_overrides(module, given)],
             "conflict": [g[0] for g in _conflict_groups(own, fitting)]}
-    if strict is False:
+    if not strict:
         del keys["missing"], keys["unexpected"]
     return {r: keys[r] for r in FAIL_REASONS if keys.get(r)}
 
@@ -252,18 +253,19 @@ def _different(value: Tensor) -> Tensor:
 
 
 def _fail(draw: Any, module: nn.Module, own: dict[str, Any], given: dict[str, Any],
-          kinds: dict[str, str], gen: torch.Generator, strict: bool | None) -> tuple[str, str]:
-    """Make the load fail for one drawn reason (``FAIL_REASONS``); returns (reason, key)."""
+          kinds: dict[str, str], gen: torch.Generator, strict: bool) -> tuple[str, tuple[str, ...]]:
+    """Make the load fail for one drawn reason (``FAIL_REASONS``); returns the reason and the
+    keys it concerns (a conflict: the group's first and second key)."""
     reasons = _fail_reasons(module, own, given, strict)
     if not reasons:
         raise ValueError("outcome='fails' with strict=False needs a module with a tensor key")
     reason = draw(st.sampled_from(list(reasons)))
     if reason != "conflict":
-        return reason, _bad_input(draw, module, given, kinds, gen, reason, reasons[reason])
+        return reason, (_bad_input(draw, module, given, kinds, gen, reason, reasons[reason]),)
     first = draw(st.sampled_from(reasons["conflict"]))
     group = next(g for g in _conflict_groups(own, _fitting_keys(own, given)) if g[0] == first)
     given[group[1]] = _different(given[first])
-    return reason, group[1]
+    return reason, (first, group[1])
 
 
 def _allowed_kinds(t: Any, kinds: Sequence[str], meta: bool) -> Sequence[str]:
@@ -281,31 +283,29 @@ def _state_dicts(draw: Any, module: nn.Module, kinds: Sequence[str], invalid: bo
     own = module.state_dict(keep_vars=True)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     succeeds = outcome == "succeeds"
-    if succeeds and assign is None:  # drawn first: it decides where meta values may go
-        assign = _chance(draw, 50)
+    # the flags first: drawn after every key's value, they came out lumpy in small samples
+    if strict is None:  # a load into a module without a tensor key fails only with strict
+        strict = (outcome == "fails" and not _fitting_keys(own, own)) or not _chance(draw, 30)
+    assign = _chance(draw, 50) if assign is None else assign
+    swap = _swap(draw, module, swap, refusable and not succeeds)
     tags: set[str] = set()
     given: dict[str, Any] = {}
     drawn: dict[str, str] = {}
     for key, t in own.items():
-        allowed = _allowed_kinds(t, kinds, meta=not succeeds or bool(assign))
+        allowed = _allowed_kinds(t, kinds, meta=not succeeds or assign)
         given[key], drawn[key] = _draw_value(draw, t, allowed, gen)
         tags.add(f"value: {drawn[key]}")
     _alias_values(draw, own, given, tags, agree=succeeds)
     bad: list[tuple[str, str]] = []
+    failed: tuple[str, ...] = ()  # the keys of the failure, which later bad inputs leave alone
+    if outcome == "fails":
+        reason, failed = _fail(draw, module, own, given, drawn, gen, strict)
+        tags |= {f"fails: {reason}", *(["alias: different-values"] if reason == "conflict" else [])}
+        bad += [(reason, failed[0])] if reason in INVALID_KINDS else []
     if invalid and _chance(draw, 40):
         for _ in range(draw(st.integers(1, 2))):
-            bad.append(_invalidate(draw, module, given, drawn, gen))
+            bad.append(_invalidate(draw, module, given, drawn, gen, keep=failed))
     tags |= {f"invalid: {k}" for k, _ in bad}
-    if outcome == "fails":
-        reason, key = _fail(draw, module, own, given, drawn, gen, strict)
-        tags |= {f"fails: {reason}", *(["alias: different-values"] if reason == "conflict" else [])}
-        if reason in INVALID_KINDS:
-            bad.append((reason, key))
-        if reason in ("missing", "unexpected"):
-            strict = True
-    strict = (not _chance(draw, 30)) if strict is None else strict
-    assign = _chance(draw, 50) if assign is None else assign
-    swap = _swap(draw, module, swap, refusable and not succeeds)
     tags |= {t for t, on in (("strict", strict), ("assign", assign), ("swap", swap)) if on}
     for tag in sorted(tags):
         event(f"load: {tag}")
@@ -350,18 +350,22 @@ def state_dicts(
 
     * ``invalid``: in 40% of draws, one or two bad inputs (``INVALID_KINDS``): a missing key, an
       unexpected ``<path>.extra`` key, a wrong shape (a trailing dimension of 2), a non-tensor value.
-    * ``strict`` (drawn True in 70%), ``assign`` and ``swap`` (50% each): fix one instead of drawing it.
+    * ``strict`` (drawn True in 70%), ``assign`` and ``swap`` (50% each), drawn before the values:
+      fix one instead of drawing it.
     * ``refusable=False``: a module ``swap_tensors`` refuses (``swap_refused``) gets ``swap=False``
       (fixing ``swap=True`` for one raises ``ValueError``); other modules draw it as above.
     * ``outcome`` (``OUTCOMES``): ``'any'`` (default, as above); ``'succeeds'``: a load the spec
       accepts, by construction: no bad input (needs ``invalid=False``), the keys of a tie group
       agree (a drawn value that differs from the group's first becomes an equal copy of it),
-      ``meta`` values only for meta slots or with ``assign`` (drawn first), and the swap flag as
-      with ``refusable=False``; ``'fails'``: a load the spec refuses, for a reason drawn (tag
-      ``fails: <reason>``) after everything above among those the input allows
-      (``FAIL_REASONS``: a missing key (not one a class fills in), an unexpected key (both set
-      ``strict``; neither with ``strict=False``), a wrong shape, a non-tensor value, or tied keys
-      given different values: the group's second key gets a value unequal to its first).
+      ``meta`` values only for meta slots or with ``assign``, and the swap flag as with
+      ``refusable=False``; ``'fails'``: a load the spec refuses, for a reason drawn (tag
+      ``fails: <reason>``) after the values, before the ``invalid`` bad inputs (which leave its
+      keys alone), among those the input allows
+      (``FAIL_REASONS``: a missing key (not one a class fills in) or an unexpected key, both
+      with ``strict`` only; a wrong shape; a non-tensor value; or tied keys given different
+      values: the group's second key gets a value unequal to its first). With ``strict=False``
+      the module needs a tensor key (``ValueError`` otherwise); drawn, ``strict`` is True for a
+      module without one.
     """
     unknown = set(kinds) - set(VALUE_KINDS)
     if unknown or not kinds:
