@@ -224,9 +224,11 @@ def _compatible(src: Slot, dst: Slot) -> bool:
     return dst.buffer == src.buffer and (dst.flexible or (dst.shape, dst.dtype) == (src.shape, src.dtype))
 
 
-def _ties(draw: Draw, root: LeafSpec | ContainerSpec, chance: int = 55) -> tuple[TieSpec, ...]:
-    """Up to two tie groups, each a source slot plus 1-3 compatible slots anywhere in the tree."""
-    slots = tree_slots(root)
+def _ties(draw: Draw, root: LeafSpec | ContainerSpec, chance: int = 55,
+          reserved: frozenset[tuple[str, str]] = frozenset()) -> tuple[TieSpec, ...]:
+    """Up to two tie groups, each a source slot plus 1-3 compatible slots anywhere in the tree
+    (outside ``reserved``)."""
+    slots = [s for s in tree_slots(root) if (s.path, s.name) not in reserved]
     if len(slots) < 2 or not _chance(draw, chance):
         return ()
     used: set[tuple[str, str]] = set()
@@ -554,17 +556,26 @@ def _with_updating_leaf(root: LeafSpec | ContainerSpec, allowed: tuple[str, ...]
 MATRIX = TensorSpec("p0", shape=(2, 3))
 
 
+def _plain_matrices(root: LeafSpec | ContainerSpec) -> list[tuple[str, str]]:
+    """``(path, name)`` of every plain float32/float64 matrix parameter (every parametrization
+    applies to one), in build order."""
+    out = []
+    for path, _, leaf in walk(root):
+        if isinstance(leaf, LeafSpec) and leaf.kind == "generic":
+            out += [(path, t.name) for t in leaf.tensors
+                    if not t.buffer and not t.none and not t.tagged and len(t.shape) >= 2
+                    and t.dtype in ("float32", "float64")]
+        elif (isinstance(leaf, LeafSpec) and leaf.kind in ("Linear", "Conv1d", "Conv2d", "Embedding")
+              and not leaf.tagged):
+            out.append((path, "weight"))
+    return out
+
+
 def _with_matrix_parameter(root: LeafSpec | ContainerSpec) -> LeafSpec | ContainerSpec:
     """``root`` unchanged if a plain float32/float64 matrix parameter exists (every
     parametrization applies to one), else with one more on its first generic leaf (or on a leaf
     added as the root's last child)."""
-    def plain_matrix(leaf: LeafSpec) -> bool:
-        if leaf.kind == "generic":
-            return any(not t.buffer and not t.none and not t.tagged and len(t.shape) >= 2
-                       and t.dtype in ("float32", "float64") for t in leaf.tensors)
-        return leaf.kind in ("Linear", "Conv1d", "Conv2d", "Embedding") and not leaf.tagged
-
-    if _has(root, plain_matrix):
+    if _plain_matrices(root):
         return root
 
     def give(leaf: LeafSpec, path: str) -> LeafSpec | None:
@@ -674,7 +685,9 @@ def tree_specs(
         root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),)))
     if "tie" in o.needs and o.ties:
         root = _with_tie_pair(root)
-    tie_specs = _ties(draw, root, tie_chance) if o.ties else ()
+    # a parametrizable tree keeps its first plain matrix out of ties (decorations skip tied slots)
+    reserved = frozenset(_plain_matrices(root)[:1]) if "parametrizable" in o.needs else frozenset()
+    tie_specs = _ties(draw, root, tie_chance, reserved) if o.ties else ()
     if "tie" in o.needs and not tie_specs:
         tie_specs = _first_tie(tree_slots(root))
     share_specs = _shares(draw, root) if o.sharing else ()
@@ -807,8 +820,8 @@ def module_trees(
       drawn without ties or shares gets a module registered again under the root),
       ``'updating-leaf'`` (a generic leaf updates or rebinds a buffer in forward, one of
       ``behaviours``' ``inplace``/``rebind``), ``'parametrizable'`` (a plain float32 matrix
-      parameter, which every parametrization applies to; decorations are then drawn among the
-      kinds that have a slot), ``'tensor'`` (at least one tensor slot), ``'trainable'`` (a
+      parameter, which every parametrization applies to, kept out of ties; decorations are then
+      drawn among the kinds that have a slot), ``'tensor'`` (at least one tensor slot), ``'trainable'`` (a
       parameter that requires grad: the first frozen one is unfrozen, or a generic leaf of one
       parameter is added), ``'parameter'`` (at least one parameter slot: a generic leaf of one
       parameter is added to a tree without one), ``'tie'`` (a tie group: with ``ties``, a tree

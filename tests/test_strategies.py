@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.nn.utils import parametrize
 
 from swapspec.properties.load_checks import load_succeeds, slot_ties
 from swapspec.properties.load_examples import key_model, swap_refused
@@ -35,6 +36,7 @@ from swapspec.strategies.conversions import (
     CONVERSIONS,
     raising_conversion,
 )
+from swapspec.strategies.decorations import PARAMETRIZATIONS
 from swapspec.strategies.state_dicts import state_dicts
 from swapspec.strategies.torch_modules import CatalogueLeaf
 from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec
@@ -332,6 +334,7 @@ NEED_CHECKS = {
     "parameter": lambda m: any(True for _ in m.parameters()),
     "tie": lambda m: bool(slot_ties(m)),
     "swappable": lambda m: not swap_refused(m),
+    "parametrizable": lambda m: any(parametrize.is_parametrized(x) for x in m.modules()),
 }
 
 
@@ -343,7 +346,10 @@ NEED_OPTIONS = {"alias": {"needs": ("tensor", "alias"), "behaviours": ("inplace"
                 "grad": {"needs": ("grad",), "decoration_chance": 0, "ties": False},
                 # catalogue leaves and training often enough to meet the RNNs and create_graph
                 "swappable": {"needs": ("swappable",), "catalogue_chance": 40,
-                              "training_chance": 60}}
+                              "training_chance": 60},
+                # checked where every tree is decorated with parametrizations (FC-PARAMETRIZED)
+                "parametrizable": {"needs": ("parametrizable",), "decoration_chance": 100,
+                                   "decoration_kinds": PARAMETRIZATIONS, "behaviours": ()}}
 
 
 @pytest.mark.parametrize("need", sorted(NEED_CHECKS))
