@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
+from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.examples import Example, slots
@@ -96,11 +97,35 @@ class KeyModel:
 def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
     own = module.state_dict(keep_vars=True)
     filled = filled_by_overrides(module, given)
-    missing = [k for k in own if k not in given and k not in filled]
+    missing = _spectral_norm_missing(module, given) + [k for k in own if k not in given
+                                                         and k not in filled]
     unexpected = [k for k in given if k not in own]
     bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
     fitting = {k: v for k, v in given.items() if k not in bad}
     return KeyModel(missing, unexpected, bad, conflicting_groups(module, fitting))
+
+
+def _spectral_norm_missing(module: nn.Module, given: dict[str, Any]) -> list[str]:
+    """Keys an old-style ``spectral_norm``'s load pre-hook reports missing, whatever ``strict``
+    (torch passes the hooks ``strict=True``): where the state dict records no version 1 for it
+    and lacks one of ``<name>_orig``, ``<name>_u``, ``<name>_v``, each of ``<name>_orig``,
+    ``<name>`` (the old format's key) and ``<name>_u`` it lacks. (A state dict in that old
+    format, with ``<name>``, is converted by the hook; no strategy draws one.)"""
+    metadata = getattr(given, "_metadata", None) or {}
+    out: list[str] = []
+    for path, m in module.named_modules(remove_duplicate=False):
+        for hook in m._forward_pre_hooks.values():
+            if not isinstance(hook, SpectralNorm):
+                continue
+            version = metadata.get(path, {}).get("spectral_norm", {}).get(f"{hook.name}.version")
+            key = f"{path}.{hook.name}" if path else hook.name
+            if version is not None and version >= 1:
+                continue
+            if version is None and key not in given and all(
+                    key + s in given for s in ("_orig", "_u", "_v")):
+                continue
+            out += [key + s for s in ("_orig", "", "_u") if key + s not in given]
+    return out
 
 
 def meta_into_real(module: nn.Module, given: dict[str, Any]) -> bool:

@@ -478,7 +478,12 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     outcome = _call(target, module, call, tensors=tensors)
     assume(outcome.error is None and isinstance(outcome.result, Tensor)
            and outcome.result.requires_grad)
-    outcome.result.real.float().sum().backward()
+    ran = attempt(lambda: outcome.result.real.float().sum().backward())
+    # A kernel missing for the world's tensors (sparse grads on meta: "aten::_coalesce" for
+    # SparseMeta) is not about where gradients flow.
+    assume(not isinstance(ran.error, NotImplementedError))
+    if ran.error is not None:
+        raise ran.error
     for name, p in replaced.items():
         check.that(p.grad is grads_before[name], "grad-to-original",
                    f"backward reached the module's own {name!r}, which was replaced")
