@@ -67,6 +67,8 @@ updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance
                               needs=("updating-leaf",))
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
 # whose uninitialized parameters cannot be given), so few examples are filtered.
+# FC-GRADIENTS: a parameter that requires grad, so a valid call always has a leaf to reach
+trainable_trees = with_modules(module_trees(world_chance=WORLD_CHANCE, needs=("trainable",)))
 tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_chance=WORLD_CHANCE)
 
 
@@ -463,7 +465,8 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     ``functional_call`` (``torch.func.grad`` over parameters).
     """
     module, call, example, check = _draw(data, "FC-GRADIENTS", target, valid=True,
-                                         failing=False, forward_safe=True)
+                                         failing=False, forward_safe=True,
+                                         module_strategy=trainable_trees)
     params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
     given = _with_grad_leaves(module, call, params)
     tensors = given if isinstance(call.tensors, dict) else (given,)  # the form drawn
