@@ -3,16 +3,20 @@ predicates. Each is computed from the module and the drawn input before the targ
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
+from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.examples import Example, named_tensors, slots
+from swapspec.properties.examples import Example, slots
+from swapspec.strategies.state_dicts import filled_by_overrides
+from swapspec.strategies.state_dicts import (
+    swap_refused as swap_refused,  # re-exported: the predicates' name
+)
 
 
 def own_keys(module: nn.Module) -> list[str]:
@@ -92,33 +96,36 @@ class KeyModel:
 
 def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
     own = module.state_dict(keep_vars=True)
-    filled = _filled_by_overrides(module, given)
-    missing = [k for k in own if k not in given and k not in filled]
+    filled = filled_by_overrides(module, given)
+    missing = _spectral_norm_missing(module, given) + [k for k in own if k not in given
+                                                         and k not in filled]
     unexpected = [k for k in given if k not in own]
     bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
     fitting = {k: v for k, v in given.items() if k not in bad}
     return KeyModel(missing, unexpected, bad, conflicting_groups(module, fitting))
 
 
-def _filled_by_overrides(module: nn.Module, given: dict[str, Any]) -> set[str]:
-    """Keys a class's ``_load_from_state_dict`` puts in when absent: a batch norm's
-    ``num_batches_tracked`` (a state dict without version metadata predates it)."""
-    if getattr(given, "_metadata", None) is not None:
-        return set()
-    return {f"{path}.num_batches_tracked" if path else "num_batches_tracked"
-            for path, m in module.named_modules(remove_duplicate=False)
-            if isinstance(m, nn.modules.batchnorm._NormBase)
-            and m._buffers.get("num_batches_tracked") is not None}
-
-
-def swap_refused(module: nn.Module) -> bool:
-    """Some parameter or buffer ``swap_tensors`` refuses: a weak reference to it (an RNN's flat
-    weights), or a grad carrying an autograd graph that can hold the parameter."""
-    tensors = {id(t): t for t in named_tensors(module).values()}.values()
-    if any(weakref.getweakrefs(t) for t in tensors):
-        return True
-    return any(isinstance(t, nn.Parameter) and t.grad is not None and t.grad.grad_fn is not None
-               for t in tensors)
+def _spectral_norm_missing(module: nn.Module, given: dict[str, Any]) -> list[str]:
+    """Keys an old-style ``spectral_norm``'s load pre-hook reports missing, whatever ``strict``
+    (torch passes the hooks ``strict=True``): where the state dict records no version 1 for it
+    and lacks one of ``<name>_orig``, ``<name>_u``, ``<name>_v``, each of ``<name>_orig``,
+    ``<name>`` (the old format's key) and ``<name>_u`` it lacks. (A state dict in that old
+    format, with ``<name>``, is converted by the hook; no strategy draws one.)"""
+    metadata = getattr(given, "_metadata", None) or {}
+    out: list[str] = []
+    for path, m in module.named_modules(remove_duplicate=False):
+        for hook in m._forward_pre_hooks.values():
+            if not isinstance(hook, SpectralNorm):
+                continue
+            version = metadata.get(path, {}).get("spectral_norm", {}).get(f"{hook.name}.version")
+            key = f"{path}.{hook.name}" if path else hook.name
+            if version is not None and version >= 1:
+                continue
+            if version is None and key not in given and all(
+                    key + s in given for s in ("_orig", "_u", "_v")):
+                continue
+            out += [key + s for s in ("_orig", "", "_u") if key + s not in given]
+    return out
 
 
 def meta_into_real(module: nn.Module, given: dict[str, Any]) -> bool:

@@ -141,7 +141,7 @@ def _fresh_lines(x: torch.Tensor) -> list[str]:
 
 
 @spec_property("APPLY-TENSOR-HOOKS")
-@given(module=trees, earlier=earlier_conversions, conversion=backward_conversions,
+@given(module=trainable_trees, earlier=earlier_conversions, conversion=backward_conversions,
        flags=flag_settings(), inputs=forward_inputs())
 def test_apply_keeps_tensor_hooks(target, module, earlier, conversion, flags, inputs):
     """A hook registered on a parameter before a conversion still fires after it, on every path;
@@ -155,7 +155,7 @@ def test_apply_keeps_tensor_hooks(target, module, earlier, conversion, flags, in
     """
     params = [p for p in distinct(list(module.parameters()))
               if p.requires_grad and not is_uninitialized(p)]
-    assume(params)
+    assume(params)  # a trainable parameter a full custom block root left out
     fired: Counter[str] = Counter()
     names_of = {id(p): [n for n, t in named_tensors(module).items() if t is p] for p in params}
     for p in params:

@@ -67,6 +67,8 @@ updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance
                               needs=("updating-leaf",))
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
 # whose uninitialized parameters cannot be given), so few examples are filtered.
+# FC-GRADIENTS: a parameter that requires grad, so a valid call always has a leaf to reach
+trainable_trees = with_modules(module_trees(world_chance=WORLD_CHANCE, needs=("trainable",)))
 tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_chance=WORLD_CHANCE)
 
 
@@ -463,7 +465,8 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     ``functional_call`` (``torch.func.grad`` over parameters).
     """
     module, call, example, check = _draw(data, "FC-GRADIENTS", target, valid=True,
-                                         failing=False, forward_safe=True)
+                                         failing=False, forward_safe=True,
+                                         module_strategy=trainable_trees)
     params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
     given = _with_grad_leaves(module, call, params)
     tensors = given if isinstance(call.tensors, dict) else (given,)  # the form drawn
@@ -478,7 +481,12 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     outcome = _call(target, module, call, tensors=tensors)
     assume(outcome.error is None and isinstance(outcome.result, Tensor)
            and outcome.result.requires_grad)
-    outcome.result.real.float().sum().backward()
+    ran = attempt(lambda: outcome.result.real.float().sum().backward())
+    # A kernel missing for the world's tensors (sparse grads on meta: "aten::_coalesce" for
+    # SparseMeta) is not about where gradients flow.
+    assume(not isinstance(ran.error, NotImplementedError))
+    if ran.error is not None:
+        raise ran.error
     for name, p in replaced.items():
         check.that(p.grad is grads_before[name], "grad-to-original",
                    f"backward reached the module's own {name!r}, which was replaced")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
-from hypothesis import assume, given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from swapspec.properties.common import (
@@ -24,12 +24,33 @@ from swapspec.properties.deviations import Checker
 from swapspec.properties.examples import Example, named_tensors
 from swapspec.properties.oracle import ExpectedError, expected_outcome, slot_of
 from swapspec.properties.repro import call_repro
-from swapspec.strategies import flag_settings, module_trees
+from swapspec.strategies import FlagSetting, flag_settings, module_trees, tree_info
 from swapspec.strategies.conversions import modules_with_conversions
 
 trees = module_trees(world_chance=WORLD_CHANCE)
 converted = modules_with_conversions(trees, ["cpu"],
                                      where=lambda c: c.preserves_values and not c.changes_impl)
+
+
+DEFAULT_FLAGS = FlagSetting(overwrite=False, swap=False)
+
+
+def _converted(target, module, conversion, flags: FlagSetting):
+    """``(module, flags, outcome)``: the module converted on ``target`` with ``flags``; where
+    the target's apply raises there (torch refuses swaps the spec accepts, as of old-style
+    ``weight_norm`` parameters; the spec refuses a swap after ``create_graph=True``), a fresh
+    build of it converted with torch's default flags instead (tag ``flags: default after a
+    refused apply``)."""
+    def convert(m, f: FlagSetting):
+        return attempt(lambda: target.apply(m, conversion.make_fn(), overwrite=f.overwrite,
+                                            swap=f.swap))
+
+    outcome = convert(module, flags)
+    if outcome.error is None or flags == DEFAULT_FLAGS:
+        return module, flags, outcome
+    event("flags: default after a refused apply")
+    module = tree_info(module).build()
+    return module, DEFAULT_FLAGS, convert(module, DEFAULT_FLAGS)
 
 
 @spec_property("TOGETHER-CONVERTED-CALL")
@@ -41,9 +62,8 @@ def test_functional_call_on_converted_module(target, data):
     """
     module, conversion = data.draw(converted, label="module and conversion")
     flags = data.draw(flag_settings(), label="flags")
-    outcome = attempt(lambda: target.apply(module, conversion.make_fn(), overwrite=flags.overwrite,
-                                           swap=flags.swap))
-    assume(outcome.error is None)
+    module, flags, outcome = _converted(target, module, conversion, flags)
+    assume(outcome.error is None)  # the target's apply refuses even the default flags
     call = data.draw(target_call_inputs(target, module, valid=True), label="call")
     example = Example(module, conversion=conversion, flags=flags, call=call)
     check = Checker("TOGETHER-CONVERTED-CALL", target, example)

@@ -219,13 +219,15 @@ def modules_with_conversions(
 ) -> tuple[Any, Conversion]:
     """Draw ``(module, conversion)``: a module from ``modules``, then a plain conversion (as
     ``conversions(devices, raising=False, where=where)`` draws one) among those that run on the
-    module's uninitialized tensors, which refuse most conversions (an uninitialized
-    ``LazyLinear``). Every conversion runs on initialized tensors, so none is filtered out."""
+    module's tensors that refuse some: uninitialized ones, which refuse most conversions (an
+    uninitialized ``LazyLinear``), and ``meta`` ones (a meta world's: ``to_sparse()`` has no meta
+    kernel). Every conversion runs on initialized real tensors, so none is filtered out."""
     module = draw(modules)
     plain = _plain(devices, False, where)
-    lazy = [t for t in (*module.parameters(), *module.buffers()) if is_uninitialized(t)]
-    if lazy:
-        plain = tuple(c for c in plain if runs_on(c, lazy)) or plain
+    picky = [t for t in (*module.parameters(), *module.buffers())
+             if is_uninitialized(t) or t.is_meta]
+    if picky:
+        plain = tuple(c for c in plain if runs_on(c, picky)) or plain
     return module, draw(_conversions(plain, False))
 
 

@@ -96,9 +96,16 @@ def world_call_reach(n: int) -> list[frozenset[str]]:
                   | p[1].features)
 
 
-def load_reach(n: int) -> list[frozenset[str]]:
-    """Feature sets of ``n`` load_state_dict inputs, each for a freshly drawn tree."""
-    return sample(module_trees().flatmap(state_dicts), n, lambda c: c.features)
+def load_reach(n: int, **options: Any) -> list[frozenset[str]]:
+    """Feature sets of ``n`` load_state_dict inputs, each for a freshly drawn tree (``options`` go
+    to ``state_dicts``)."""
+    return sample(module_trees().flatmap(lambda m: state_dicts(m, **options)), n,
+                  lambda c: c.features)
+
+
+# The load outcomes the LOAD- properties draw by construction (``state_dicts(outcome=...)``).
+LOAD_OUTCOME_OPTIONS = {"succeeds": {"outcome": "succeeds", "invalid": False},
+                        "fails": {"outcome": "fails"}}
 
 
 LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding", "wrapper: ", "world: ")
@@ -174,6 +181,8 @@ def main(argv: list[str]) -> None:
     print(table("sequence length (steps after the build)",
                 frequencies([frozenset({f"{k} steps"}) for k in lengths])), "\n")
     print(table(f"load feature ({n} draws)", frequencies(load_reach(n))))
+    for name, options in LOAD_OUTCOME_OPTIONS.items():
+        print(table(f"load feature, outcome={name} ({n} draws)", frequencies(load_reach(n, **options))))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,10 @@ from swapspec.strategies.trees import DTYPES, join, tensor_values
 VALUE_KINDS = ("own", "fresh", "other-dtype", "meta", "two-tensor", "own-tensor")
 ALIAS_KINDS = ("same-object", "equal-copies", "independent")
 INVALID_KINDS = ("missing", "unexpected", "wrong-shape", "non-tensor")
+OUTCOMES = ("any", "succeeds", "fails")
+# Why a load fails: a bad input of INVALID_KINDS (missing and unexpected only with ``strict``), or
+# tied keys given values that are not all equal.
+FAIL_REASONS = (*INVALID_KINDS, "conflict")
 FLOATING = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -45,6 +50,33 @@ class LoadInput:
     def is_valid(self) -> bool:
         """No bad key, so a strict load of it succeeds unless aliases conflict."""
         return not self.invalid
+
+
+def swap_refused(module: nn.Module) -> bool:
+    """Some parameter or buffer ``swap_tensors`` refuses: a weak reference to it (an RNN's flat
+    weights), or a grad carrying an autograd graph that can hold the parameter."""
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}.values()
+    if any(weakref.getweakrefs(t) for t in tensors):
+        return True
+    return any(isinstance(t, nn.Parameter) and t.grad is not None and t.grad.grad_fn is not None
+               for t in tensors)
+
+
+def filled_by_overrides(module: nn.Module, given: dict[str, Any]) -> set[str]:
+    """Keys a class's ``_load_from_state_dict`` puts in when absent: a batch norm's
+    ``num_batches_tracked`` (a state dict without version metadata predates it)."""
+    if getattr(given, "_metadata", None) is not None:
+        return set()
+    return {f"{path}.num_batches_tracked" if path else "num_batches_tracked"
+            for path, m in module.named_modules(remove_duplicate=False)
+            if isinstance(m, nn.modules.batchnorm._NormBase)
+            and m._buffers.get("num_batches_tracked") is not None}
+
+
+def swap_flags(module: nn.Module) -> st.SearchStrategy[bool]:
+    """The swap flag for a load into ``module``: either value, or ``False`` where ``swap_tensors``
+    refuses one of its tensors (``swap_refused``)."""
+    return st.just(False) if swap_refused(module) else st.booleans()
 
 
 def _chance(draw: Any, percent: int) -> bool:
@@ -110,9 +142,10 @@ def _alias_groups(own: dict[str, Any]) -> list[list[str]]:
     return [keys for keys in groups.values() if len(keys) > 1]
 
 
-def _alias_values(draw: Any, own: dict[str, Any], given: dict[str, Any],
-                  tags: set[str]) -> None:
-    """For each tie group, give its keys one object, equal copies, or what was drawn."""
+def _alias_values(draw: Any, own: dict[str, Any], given: dict[str, Any], tags: set[str],
+                  agree: bool = False) -> None:
+    """For each tie group, give its keys one object, equal copies, or what was drawn (``agree``:
+    a drawn value that differs from the group's first is replaced by an equal copy of it)."""
     for keys in _alias_groups(own):
         present = [k for k in keys if k in given]
         if len(present) < 2:
@@ -122,7 +155,8 @@ def _alias_values(draw: Any, own: dict[str, Any], given: dict[str, Any],
         for key in present[1:]:
             if mode == "same-object":
                 given[key] = first
-            elif mode == "equal-copies" and isinstance(first, Tensor) and not is_lazy(first):
+            elif ((mode == "equal-copies" or (agree and not _equal(given[key], first)))
+                  and isinstance(first, Tensor) and not is_lazy(first)):
                 given[key] = first.detach().clone()
         tags.add(f"alias: {_alias_tag(given, present)}")
 
@@ -147,18 +181,26 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _invalidate(draw: Any, module: nn.Module, given: dict[str, Any], kinds: dict[str, str],
-                gen: torch.Generator) -> tuple[str, str]:
-    """One bad input; returns (kind, key)."""
-    tensor_keys = [k for k, v in given.items() if isinstance(v, Tensor) and not is_lazy(v)]
+                gen: torch.Generator, keep: Collection[str] = ()) -> tuple[str, str]:
+    """One bad input, for a key outside ``keep``; returns (kind, key)."""
+    tensor_keys = [k for k, v in given.items()
+                   if isinstance(v, Tensor) and not is_lazy(v) and k not in keep]
     kind = draw(st.sampled_from(list(INVALID_KINDS)))
     if kind in ("missing", "wrong-shape", "non-tensor") and not tensor_keys:
         kind = "unexpected"
+    return kind, _bad_input(draw, module, given, kinds, gen, kind, tensor_keys)
+
+
+def _bad_input(draw: Any, module: nn.Module, given: dict[str, Any], kinds: dict[str, str],
+               gen: torch.Generator, kind: str, keys: list[str]) -> str:
+    """Put in one bad input of ``kind`` (``INVALID_KINDS``) for one of ``keys`` (an unexpected
+    ``<path>.extra`` key: under a drawn module path); returns its key."""
     if kind == "unexpected":
         path = draw(st.sampled_from([p for p, _ in module.named_modules()]))
         key = join(path, "extra")
         given[key] = tensor_values((2,), "float32", gen)
-        return kind, key
-    key = draw(st.sampled_from(tensor_keys))
+        return key
+    key = draw(st.sampled_from(keys))
     if kind == "missing":
         del given[key]
         kinds[key] = "missing"
@@ -166,34 +208,120 @@ def _invalidate(draw: Any, module: nn.Module, given: dict[str, Any], kinds: dict
         given[key] = torch.zeros((*given[key].shape, 2), dtype=given[key].dtype)
     else:
         given[key] = 0.5
-    return kind, key
+    return key
+
+
+def _fitting_keys(own: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The module's tensor keys given a dense, initialized tensor of the slot's shape."""
+    return [k for k, v in given.items() if isinstance(own.get(k), Tensor) and isinstance(v, Tensor)
+            and not is_lazy(v) and not is_lazy(own[k]) and v.layout == torch.strided
+            and tuple(v.shape) == tuple(own[k].shape)]
+
+
+def _conflict_groups(own: dict[str, Any], fitting: list[str]) -> list[list[str]]:
+    """The tie groups with two or more keys given a fitting value (each can be made to conflict)."""
+    groups = [[k for k in keys if k in fitting] for keys in _alias_groups(own)]
+    return [keys for keys in groups if len(keys) >= 2]
+
+
+def _fail_reasons(module: nn.Module, own: dict[str, Any], given: dict[str, Any],
+                  strict: bool) -> dict[str, list[str]]:
+    """Each reason of ``FAIL_REASONS`` this input allows, with the keys it can concern (a
+    conflict: the first key of each group that can conflict)."""
+    fitting = _fitting_keys(own, given)
+    keys = {"unexpected": [""], "wrong-shape": fitting, "non-tensor": fitting,
+            "missing": [k for k in fitting if k not in filled_by_overrides(module, given)],
+            "conflict": [g[0] for g in _conflict_groups(own, fitting)]}
+    if not strict:
+        del keys["missing"], keys["unexpected"]
+    return {r: keys[r] for r in FAIL_REASONS if keys.get(r)}
+
+
+def _different(value: Tensor) -> Tensor:
+    """A tensor of ``value``'s shape that is not equal to it: a plain one for a wrapper subclass,
+    else other values, or another dtype where values cannot differ (meta, no elements)."""
+    shape = tuple(value.shape)
+    if is_traceable_wrapper_subclass(value):
+        return torch.zeros(shape, dtype=value.dtype, device=value.device)
+    plain = value.detach().clone()
+    if not plain.is_meta and plain.numel():
+        other = plain.logical_not() if plain.dtype == torch.bool else plain + 1
+        if not torch.equal(other, plain):
+            return other
+    dtype = torch.float32 if value.dtype == torch.float64 else torch.float64
+    return torch.empty(shape, dtype=dtype, device=value.device)
+
+
+def _fail(draw: Any, module: nn.Module, own: dict[str, Any], given: dict[str, Any],
+          kinds: dict[str, str], gen: torch.Generator, strict: bool) -> tuple[str, tuple[str, ...]]:
+    """Make the load fail for one drawn reason (``FAIL_REASONS``); returns the reason and the
+    keys it concerns (a conflict: the group's first and second key)."""
+    reasons = _fail_reasons(module, own, given, strict)
+    if not reasons:
+        raise ValueError("outcome='fails' with strict=False needs a module with a tensor key")
+    reason = draw(st.sampled_from(list(reasons)))
+    if reason != "conflict":
+        return reason, (_bad_input(draw, module, given, kinds, gen, reason, reasons[reason]),)
+    first = draw(st.sampled_from(reasons["conflict"]))
+    group = next(g for g in _conflict_groups(own, _fitting_keys(own, given)) if g[0] == first)
+    given[group[1]] = _different(given[first])
+    return reason, (first, group[1])
+
+
+def _allowed_kinds(t: Any, kinds: Sequence[str], meta: bool) -> Sequence[str]:
+    """``kinds`` for slot ``t``, without ``meta`` for a real slot where ``meta`` is False (copying
+    out of meta fails)."""
+    if meta or not isinstance(t, Tensor) or t.is_meta or "meta" not in kinds:
+        return kinds
+    return [k for k in kinds if k != "meta"] or ["own"]
 
 
 @st.composite
 def _state_dicts(draw: Any, module: nn.Module, kinds: Sequence[str], invalid: bool,
-                 strict: bool | None, assign: bool | None, swap: bool | None) -> LoadInput:
+                 strict: bool | None, assign: bool | None, swap: bool | None, outcome: str,
+                 refusable: bool) -> LoadInput:
     own = module.state_dict(keep_vars=True)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    succeeds = outcome == "succeeds"
+    # the flags first: drawn after every key's value, they came out lumpy in small samples
+    if strict is None:  # a load into a module without a tensor key fails only with strict
+        strict = (outcome == "fails" and not _fitting_keys(own, own)) or not _chance(draw, 30)
+    assign = _chance(draw, 50) if assign is None else assign
+    swap = _swap(draw, module, swap, refusable and not succeeds)
     tags: set[str] = set()
     given: dict[str, Any] = {}
     drawn: dict[str, str] = {}
     for key, t in own.items():
-        given[key], drawn[key] = _draw_value(draw, t, kinds, gen)
+        allowed = _allowed_kinds(t, kinds, meta=not succeeds or assign)
+        given[key], drawn[key] = _draw_value(draw, t, allowed, gen)
         tags.add(f"value: {drawn[key]}")
-    _alias_values(draw, own, given, tags)
+    _alias_values(draw, own, given, tags, agree=succeeds)
     bad: list[tuple[str, str]] = []
+    failed: tuple[str, ...] = ()  # the keys of the failure, which later bad inputs leave alone
+    if outcome == "fails":
+        reason, failed = _fail(draw, module, own, given, drawn, gen, strict)
+        tags |= {f"fails: {reason}", *(["alias: different-values"] if reason == "conflict" else [])}
+        bad += [(reason, failed[0])] if reason in INVALID_KINDS else []
     if invalid and _chance(draw, 40):
         for _ in range(draw(st.integers(1, 2))):
-            bad.append(_invalidate(draw, module, given, drawn, gen))
+            bad.append(_invalidate(draw, module, given, drawn, gen, keep=failed))
     tags |= {f"invalid: {k}" for k, _ in bad}
-    strict = (not _chance(draw, 30)) if strict is None else strict
-    assign = _chance(draw, 50) if assign is None else assign
-    swap = _chance(draw, 50) if swap is None else swap
     tags |= {t for t, on in (("strict", strict), ("assign", assign), ("swap", swap)) if on}
     for tag in sorted(tags):
         event(f"load: {tag}")
     return LoadInput(given, strict, assign, swap, drawn, tuple(k for k, _ in bad),
                      tuple(key for _, key in bad), frozenset(tags))
+
+
+def _swap(draw: Any, module: nn.Module, swap: bool | None, refusable: bool) -> bool:
+    """The drawn swap flag (50%; ``False`` for a module ``swap_tensors`` refuses unless
+    ``refusable``), or the fixed one."""
+    if swap is None:
+        return False if not refusable and swap_refused(module) else _chance(draw, 50)
+    if swap and not refusable and swap_refused(module):
+        raise ValueError("swap=True for a module whose tensors swap_tensors refuses; draw it "
+                         "with module_trees(needs=('swappable',))")
+    return swap
 
 
 def state_dicts(
@@ -204,6 +332,8 @@ def state_dicts(
     strict: bool | None = None,
     assign: bool | None = None,
     swap: bool | None = None,
+    outcome: str = "any",
+    refusable: bool = True,
 ) -> st.SearchStrategy[LoadInput]:
     """Draw a :class:`LoadInput` for ``module``: a state dict, ``strict``, ``assign`` and the swap flag.
 
@@ -220,9 +350,28 @@ def state_dicts(
 
     * ``invalid``: in 40% of draws, one or two bad inputs (``INVALID_KINDS``): a missing key, an
       unexpected ``<path>.extra`` key, a wrong shape (a trailing dimension of 2), a non-tensor value.
-    * ``strict`` (drawn True in 70%), ``assign`` and ``swap`` (50% each): fix one instead of drawing it.
+    * ``strict`` (drawn True in 70%), ``assign`` and ``swap`` (50% each), drawn before the values:
+      fix one instead of drawing it.
+    * ``refusable=False``: a module ``swap_tensors`` refuses (``swap_refused``) gets ``swap=False``
+      (fixing ``swap=True`` for one raises ``ValueError``); other modules draw it as above.
+    * ``outcome`` (``OUTCOMES``): ``'any'`` (default, as above); ``'succeeds'``: a load the spec
+      accepts, by construction: no bad input (needs ``invalid=False``), the keys of a tie group
+      agree (a drawn value that differs from the group's first becomes an equal copy of it),
+      ``meta`` values only for meta slots or with ``assign``, and the swap flag as with
+      ``refusable=False``; ``'fails'``: a load the spec refuses, for a reason drawn (tag
+      ``fails: <reason>``) after the values, before the ``invalid`` bad inputs (which leave its
+      keys alone), among those the input allows
+      (``FAIL_REASONS``: a missing key (not one a class fills in) or an unexpected key, both
+      with ``strict`` only; a wrong shape; a non-tensor value; or tied keys given different
+      values: the group's second key gets a value unequal to its first). With ``strict=False``
+      the module needs a tensor key (``ValueError`` otherwise); drawn, ``strict`` is True for a
+      module without one.
     """
     unknown = set(kinds) - set(VALUE_KINDS)
     if unknown or not kinds:
         raise ValueError(f"kinds must be a non-empty subset of {VALUE_KINDS}, got {tuple(kinds)}")
-    return _state_dicts(module, tuple(kinds), invalid, strict, assign, swap)
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+    if outcome == "succeeds" and invalid:
+        raise ValueError("outcome='succeeds' draws no bad input: pass invalid=False")
+    return _state_dicts(module, tuple(kinds), invalid, strict, assign, swap, outcome, refusable)

@@ -428,6 +428,12 @@ class CatalogueSlot:
     dtype: str
 
 
+def keeps_weak_references(entry: str) -> bool:
+    """Whether the entry's module keeps weak references to its parameters, which ``swap_tensors``
+    refuses: an RNN's flat weights (``nn.RNNBase``)."""
+    return issubclass(info(entry).module_cls, nn.RNNBase)
+
+
 @cache
 def slots(entry: str, variant: int) -> tuple[CatalogueSlot, ...]:
     """The slots of a built leaf (paths start with ``inner``), parameters then buffers per module, in

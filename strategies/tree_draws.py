@@ -57,7 +57,7 @@ DEFAULT_WORLDS = ("meta", "two-tensor")
 WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",),
                              "dtensor": ("orthogonal",)}
 NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
-         "parametrizable", "tensor", "trainable")
+         "parametrizable", "tensor", "trainable", "parameter", "tie", "swappable")
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -99,22 +99,24 @@ def _options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dty
     if lazy and real_layers and "float32" in names:
         kinds = (*kinds, "LazyLinear")
     allowed = tuple(b for b in BEHAVIOURS if b in behaviours)
-    families = _catalogue_families(lazy) if catalogue and catalogue_chance and "float32" in names else ()
     unknown = sorted(set(needs) - set(NEEDS))
     if unknown:
         raise ValueError(f"needs must come from {NEEDS}; unknown: {unknown}")
+    families = (_catalogue_families(lazy, "swappable" in needs)
+                if catalogue and catalogue_chance and "float32" in names else ())
     return _Options(max_depth, max_leaves, sharing, ties, kinds, real_dtypes, grads, param, names,
                     allowed, behaviour_chance, families, catalogue_chance, tuple(needs))
 
 
 @cache
-def _catalogue_families(lazy: bool) -> tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]:
-    """The catalogue grouped by family in shrinking order; ``lazy=False`` leaves out lazy entries."""
+def _catalogue_families(lazy: bool, swappable: bool = False) -> tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]:
+    """The catalogue grouped by family in shrinking order; ``lazy=False`` leaves out lazy entries,
+    ``swappable`` the entries whose module keeps weak references to its parameters."""
     from swapspec.strategies import torch_modules
 
     grouped: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for e in torch_modules.catalogue().values():
-        if lazy or not e.lazy:
+        if (lazy or not e.lazy) and not (swappable and torch_modules.keeps_weak_references(e.name)):
             grouped.setdefault(e.family, []).append((e.name, e.variants))
     return tuple((f, tuple(entries)) for f, entries in grouped.items())
 
@@ -222,9 +224,11 @@ def _compatible(src: Slot, dst: Slot) -> bool:
     return dst.buffer == src.buffer and (dst.flexible or (dst.shape, dst.dtype) == (src.shape, src.dtype))
 
 
-def _ties(draw: Draw, root: LeafSpec | ContainerSpec, chance: int = 55) -> tuple[TieSpec, ...]:
-    """Up to two tie groups, each a source slot plus 1-3 compatible slots anywhere in the tree."""
-    slots = tree_slots(root)
+def _ties(draw: Draw, root: LeafSpec | ContainerSpec, chance: int = 55,
+          reserved: frozenset[tuple[str, str]] = frozenset()) -> tuple[TieSpec, ...]:
+    """Up to two tie groups, each a source slot plus 1-3 compatible slots anywhere in the tree
+    (outside ``reserved``)."""
+    slots = [s for s in tree_slots(root) if (s.path, s.name) not in reserved]
     if len(slots) < 2 or not _chance(draw, chance):
         return ()
     used: set[tuple[str, str]] = set()
@@ -552,17 +556,26 @@ def _with_updating_leaf(root: LeafSpec | ContainerSpec, allowed: tuple[str, ...]
 MATRIX = TensorSpec("p0", shape=(2, 3))
 
 
+def _plain_matrices(root: LeafSpec | ContainerSpec) -> list[tuple[str, str]]:
+    """``(path, name)`` of every plain float32/float64 matrix parameter (every parametrization
+    applies to one), in build order."""
+    out = []
+    for path, _, leaf in walk(root):
+        if isinstance(leaf, LeafSpec) and leaf.kind == "generic":
+            out += [(path, t.name) for t in leaf.tensors
+                    if not t.buffer and not t.none and not t.tagged and len(t.shape) >= 2
+                    and t.dtype in ("float32", "float64")]
+        elif (isinstance(leaf, LeafSpec) and leaf.kind in ("Linear", "Conv1d", "Conv2d", "Embedding")
+              and not leaf.tagged):
+            out.append((path, "weight"))
+    return out
+
+
 def _with_matrix_parameter(root: LeafSpec | ContainerSpec) -> LeafSpec | ContainerSpec:
     """``root`` unchanged if a plain float32/float64 matrix parameter exists (every
     parametrization applies to one), else with one more on its first generic leaf (or on a leaf
     added as the root's last child)."""
-    def plain_matrix(leaf: LeafSpec) -> bool:
-        if leaf.kind == "generic":
-            return any(not t.buffer and not t.none and not t.tagged and len(t.shape) >= 2
-                       and t.dtype in ("float32", "float64") for t in leaf.tensors)
-        return leaf.kind in ("Linear", "Conv1d", "Conv2d", "Embedding") and not leaf.tagged
-
-    if _has(root, plain_matrix):
+    if _plain_matrices(root):
         return root
 
     def give(leaf: LeafSpec, path: str) -> LeafSpec | None:
@@ -574,6 +587,29 @@ def _with_matrix_parameter(root: LeafSpec | ContainerSpec) -> LeafSpec | Contain
 
     root, done = _replace_first(root, give)
     return root if done else _append_leaf(root, LeafSpec(tensors=(MATRIX,)))
+
+
+def _tie_pair(slots: list[Slot]) -> tuple[Slot, Slot] | None:
+    """The first two slots (in build order) that ``_ties`` could tie: a source and a compatible one."""
+    return next(((src, dst) for src in slots for dst in slots
+                 if dst != src and _compatible(src, dst)), None)
+
+
+def _with_tie_pair(root: LeafSpec | ContainerSpec) -> LeafSpec | ContainerSpec:
+    """``root`` unchanged if two of its slots can be tied, else with a generic leaf added as the
+    root's last child: one parameter (any parameter can be tied to it) or, in a tree without a
+    parameter, two. Call it before ties are drawn."""
+    slots = tree_slots(root)
+    if _tie_pair(slots) is not None:
+        return root
+    extra = (TensorSpec("p0"),) if any(not s.buffer for s in slots) else (TensorSpec("p0"), TensorSpec("p1"))
+    return _append_leaf(root, LeafSpec(tensors=extra))
+
+
+def _first_tie(slots: list[Slot]) -> tuple[TieSpec, ...]:
+    """One tie group of the first two slots that can be tied, for a tree whose drawn ties came out empty."""
+    pair = _tie_pair(slots)
+    return () if pair is None else (TieSpec(tuple((s.path, s.name) for s in pair)),)
 
 
 def _append_leaf(root: LeafSpec | ContainerSpec, leaf: LeafSpec) -> LeafSpec | ContainerSpec:
@@ -645,7 +681,15 @@ def tree_specs(
         root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),)))
     if "grad" in o.needs and o.grads and all(slot.buffer for slot in tree_slots(root)):
         root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0", grad=True),)))
-    tie_specs = _ties(draw, root, tie_chance) if o.ties else ()
+    if "parameter" in o.needs and all(slot.buffer for slot in tree_slots(root)):
+        root = _append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),)))
+    if "tie" in o.needs and o.ties:
+        root = _with_tie_pair(root)
+    # a parametrizable tree keeps its first plain matrix out of ties (decorations skip tied slots)
+    reserved = frozenset(_plain_matrices(root)[:1]) if "parametrizable" in o.needs else frozenset()
+    tie_specs = _ties(draw, root, tie_chance, reserved) if o.ties else ()
+    if "tie" in o.needs and not tie_specs:
+        tie_specs = _first_tie(tree_slots(root))
     share_specs = _shares(draw, root) if o.sharing else ()
     if "alias" in o.needs and not _has_alias(root, tie_specs, share_specs):
         root, share_specs = _with_share(root)
@@ -666,7 +710,8 @@ def tree_specs(
     if "trainable" in o.needs:  # a tie to a frozen parameter can take the trainable one
         root = _with_trainable(root, {slot for tie in tie_specs for slot in tie.slots[1:]})
     training = not _chance(draw, 25)
-    trained = _trained(draw, root, training_chance, "leaf-grads" in o.needs)
+    trained = _trained(draw, root, training_chance,
+                       "leaf-grads" in o.needs or "swappable" in o.needs)
     world = "" if trained else world  # a trained tree's grads come from a real backward
     unknown = sorted(set(wrappers) - set(WRAPPERS))
     if unknown:
@@ -678,13 +723,18 @@ def tree_specs(
                     decorations=decorations, trained=trained, wrapper=wrapper, world=world)
 
 
+# Worlds whose tensors ``swap_tensors`` refuses: a fake mode keeps a weak reference to each.
+SWAP_REFUSING_WORLDS = ("fake",)
+
+
 def _world(draw: Draw, needs: Sequence[str], worlds: Sequence[str], chance: int) -> str:
     """``''`` or one of ``worlds`` (never for a tree that needs a grad: a world's parameters carry
-    none); shrinks to ``''``."""
+    none; never a swap-refusing one for a ``swappable`` tree); shrinks to ``''``."""
     unknown = sorted(set(worlds) - set(WORLDS))
     if unknown:
         raise ValueError(f"worlds must come from {WORLDS}; unknown: {unknown}")
-    allowed = [w for w in WORLDS if w in worlds]
+    allowed = [w for w in WORLDS if w in worlds
+               and not (w in SWAP_REFUSING_WORLDS and "swappable" in needs)]
     if "grad" in needs or not allowed or chance == 0 or not _chance(draw, chance):  # 0: no draw
         return ""
     return draw(st.sampled_from(allowed))
@@ -770,13 +820,20 @@ def module_trees(
       drawn without ties or shares gets a module registered again under the root),
       ``'updating-leaf'`` (a generic leaf updates or rebinds a buffer in forward, one of
       ``behaviours``' ``inplace``/``rebind``), ``'parametrizable'`` (a plain float32 matrix
-      parameter, which every parametrization applies to; decorations are then drawn among the
-      kinds that have a slot), ``'tensor'`` (at least one tensor slot), ``'trainable'`` (a
+      parameter, which every parametrization applies to, kept out of ties; decorations are then
+      drawn among the kinds that have a slot), ``'tensor'`` (at least one tensor slot), ``'trainable'`` (a
       parameter that requires grad: the first frozen one is unfrozen, or a generic leaf of one
-      parameter is added).
+      parameter is added), ``'parameter'`` (at least one parameter slot: a generic leaf of one
+      parameter is added to a tree without one), ``'tie'`` (a tie group: with ``ties``, a tree
+      whose drawn ties come out empty gets its first two compatible slots tied, after a generic
+      leaf is added where no two slots are compatible), ``'swappable'`` (``swap_tensors``
+      accepts every tensor: no training with ``create_graph=True``, whose grads' graphs hold
+      the parameters, no catalogue module that keeps weak references to its parameters (RNNs),
+      no ``fake`` world).
       A tree with no leaf that can take the feature (no parameter at all; for ``'grad'``, every
-      parameter tied or decorated) is drawn as it is; so is, for ``'alias'``, a tree whose
-      training forward (``trained``) rebinds a tied buffer, which splits the tie.
+      parameter tied or decorated; a full custom block root for the needs that add a leaf) is
+      drawn as it is; so is, for ``'alias'`` and ``'tie'``, a tree whose training forward
+      (``trained``) rebinds a tied buffer, which splits the tie.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.

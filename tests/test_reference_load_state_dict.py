@@ -900,3 +900,28 @@ def test_rule2_post_hook_returning_a_value_is_torchs_exact_assertion():
     with pytest.raises(AssertionError) as torchs:
         theirs.load_state_dict(theirs.state_dict())
     assert str(mine.value) == str(torchs.value)
+
+
+@pytest.mark.parametrize("dropped", [(), ("0.weight_orig",), ("0.weight_u",), ("0.weight_v",),
+                                     ("0.weight_u", "0.weight_v")])
+@pytest.mark.parametrize("metadata", [False, True])
+def test_key_model_counts_the_missing_keys_old_spectral_norm_adds(dropped, metadata):
+    """Without version metadata, an old-style spectral_norm's load pre-hook adds its own
+    missing keys (``<name>`` among them), whatever ``strict``: the spec's key model says so."""
+    from swapspec.properties.load_examples import key_model
+
+    def build() -> nn.Module:
+        m = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 4))
+        torch.nn.utils.spectral_norm(m[0])
+        return m
+
+    given = build().state_dict()
+    given = given if metadata else dict(given)
+    for key in dropped:
+        del given[key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch_keys = build().load_state_dict(given, strict=False)
+        reference_keys = reference.load_state_dict(build(), given, strict=False)
+    model = key_model(build(), given)
+    assert sorted(torch_keys.missing_keys) == sorted(reference_keys.missing_keys) == sorted(model.missing)

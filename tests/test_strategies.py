@@ -10,7 +10,10 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.nn.utils import parametrize
 
+from swapspec.properties.load_checks import load_succeeds, slot_ties
+from swapspec.properties.load_examples import key_model, swap_refused
 from swapspec.strategies import (
     BATCH,
     FEATURES,
@@ -33,6 +36,8 @@ from swapspec.strategies.conversions import (
     CONVERSIONS,
     raising_conversion,
 )
+from swapspec.strategies.decorations import PARAMETRIZATIONS
+from swapspec.strategies.state_dicts import state_dicts
 from swapspec.strategies.torch_modules import CatalogueLeaf
 from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec
 
@@ -326,6 +331,10 @@ NEED_CHECKS = {
     "container-root": lambda m: bool(list(m.children())),
     "alias": _aliased,
     "leaf-grads": lambda m: all(p.grad is None or p.grad.grad_fn is None for p in m.parameters()),
+    "parameter": lambda m: any(True for _ in m.parameters()),
+    "tie": lambda m: bool(slot_ties(m)),
+    "swappable": lambda m: not swap_refused(m),
+    "parametrizable": lambda m: any(parametrize.is_parametrized(x) for x in m.modules()),
 }
 
 
@@ -333,7 +342,14 @@ NEED_CHECKS = {
 # kept out: a tree with no tensor cannot alias, nor one whose training forward rebinds a tied
 # buffer; a parameter tied or decorated keeps no grad
 NEED_OPTIONS = {"alias": {"needs": ("tensor", "alias"), "behaviours": ("inplace", "raise", "report")},
-                "grad": {"needs": ("grad",), "decoration_chance": 0, "ties": False}}
+                "tie": {"needs": ("tie",), "behaviours": ("inplace", "raise", "report")},
+                "grad": {"needs": ("grad",), "decoration_chance": 0, "ties": False},
+                # catalogue leaves and training often enough to meet the RNNs and create_graph
+                "swappable": {"needs": ("swappable",), "catalogue_chance": 40,
+                              "training_chance": 60},
+                # checked where every tree is decorated with parametrizations (FC-PARAMETRIZED)
+                "parametrizable": {"needs": ("parametrizable",), "decoration_chance": 100,
+                                   "decoration_kinds": PARAMETRIZATIONS, "behaviours": ()}}
 
 
 @pytest.mark.parametrize("need", sorted(NEED_CHECKS))
@@ -343,3 +359,37 @@ def test_needs_give_every_tree_the_feature(need: str, data: st.DataObject) -> No
     options = NEED_OPTIONS.get(need, {"needs": (need,)})
     module = data.draw(module_trees(lazy=False, **options))
     assert NEED_CHECKS[need](module), f"a tree drawn with {options} lacks {need!r}"
+
+
+# trees that often meet swap refusals (RNN catalogue leaves, create_graph training)
+REFUSING_TREES = {"catalogue_chance": 40, "training_chance": 60}
+
+
+@pytest.mark.parametrize("outcome", ["succeeds", "fails"])
+@SETTINGS
+@given(data=st.data())
+def test_state_dicts_outcome_holds_by_construction(outcome: str, data: st.DataObject) -> None:
+    """``outcome='succeeds'`` draws loads the spec accepts, ``'fails'`` loads it refuses (by
+    ``key_model``, the LOAD- properties' own model)."""
+    module = data.draw(module_trees(**REFUSING_TREES))
+    load = data.draw(state_dicts(module, invalid=outcome == "fails", outcome=outcome))
+    if outcome == "succeeds":
+        assert load_succeeds(module, load), load
+    else:
+        assert key_model(module, load.state_dict).fails(load.strict), load
+
+
+@SETTINGS
+@given(data=st.data())
+def test_state_dicts_not_refusable_never_swaps_a_refused_module(data: st.DataObject) -> None:
+    module = data.draw(module_trees(**REFUSING_TREES))
+    load = data.draw(state_dicts(module, refusable=False))
+    assert not (load.swap and swap_refused(module))
+
+
+def test_state_dicts_rejects_contradicting_options() -> None:
+    module = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="invalid=False"):
+        state_dicts(module, outcome="succeeds")
+    with pytest.raises(ValueError, match="outcome"):
+        state_dicts(module, outcome="sometimes")

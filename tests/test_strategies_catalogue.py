@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 
 import hypothesis
@@ -310,3 +311,13 @@ def test_catalogue_tree_source_rebuilds_it() -> None:
     exec(tree_info(module).source("rebuilt"), namespace)
     assert_same_tensors(module, namespace["rebuilt"])
     assert torch.equal(module(X), namespace["rebuilt"](X))
+
+
+def test_keeps_weak_references_matches_every_built_variant() -> None:
+    """``keeps_weak_references`` (what the ``swappable`` need leaves out) says of each entry what
+    its built variants show: weak references to their tensors, which ``swap_tensors`` refuses."""
+    for name, entry in TM.catalogue().items():
+        for variant in entry.variants:
+            leaf = TM.build_leaf(name, variant, 0)
+            probed = any(weakref.getweakrefs(t) for t in (*leaf.parameters(), *leaf.buffers()))
+            assert probed == TM.keeps_weak_references(name), (name, variant)

@@ -17,6 +17,7 @@ from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
 from swapspec.strategies.reach import (
     CATALOGUE_REACH_CHANCE,
     LIFE_OPTIONS,
+    LOAD_OUTCOME_OPTIONS,
     WORLD_OPTIONS,
     call_reach,
     catalogue_reach,
@@ -104,6 +105,22 @@ LOAD_FLOORS = dict.fromkeys(
     0.04,
 )
 
+# state_dicts(outcome=...): every value kind, alias and flag still drawn where the load must succeed
+# (measured on 300 draws: rarest 17.3%, alias: same-object), every reason where it must fail
+# (rarest 5.3%, fails: conflict: a tie group is needed).
+LOAD_SUCCEEDS_FLOORS = dict.fromkeys(
+    [*(f"value: {k}" for k in ("own", "fresh", "other-dtype", "meta", "two-tensor", "own-tensor")),
+     "alias: same-object", "alias: equal-values", "strict", "assign", "swap"],
+    0.10,
+)
+LOAD_FAILS_FLOORS = {
+    **dict.fromkeys([f"fails: {r}" for r in ("missing", "unexpected", "wrong-shape", "non-tensor")],
+                    0.08),
+    "fails: conflict": 0.03,
+    **dict.fromkeys([*(f"alias: {k}" for k in ("same-object", "equal-values", "different-values")),
+                     "strict", "assign", "swap"], 0.10),
+}
+
 # 16 equally likely choices (6.25% each); derandomized Hypothesis draws are lumpy, measured minimum 4.5%.
 CONVERSION_FLOOR = 0.04
 
@@ -190,3 +207,10 @@ def test_call_reach() -> None:
 
 def test_load_reach() -> None:
     check("load feature (300 draws)", frequencies(load_reach(300)), LOAD_FLOORS)
+
+
+@pytest.mark.parametrize("outcome", sorted(LOAD_OUTCOME_OPTIONS))
+def test_load_outcome_reach(outcome: str) -> None:
+    floors = {"succeeds": LOAD_SUCCEEDS_FLOORS, "fails": LOAD_FAILS_FLOORS}[outcome]
+    check(f"load feature, outcome={outcome} (300 draws)",
+          frequencies(load_reach(300, **LOAD_OUTCOME_OPTIONS[outcome])), floors)
