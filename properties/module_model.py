@@ -399,8 +399,10 @@ class ModuleModel:
     # ---- ties ------------------------------------------------------------------------
 
     def slot_groups(self) -> tuple[tuple[str, ...], ...]:
-        """The names of each slot, in ``named_tensors`` order (see ``_slot_groups``)."""
-        return _slot_groups(self.spec)
+        """The names of each slot the model holds a tensor in, in ``named_tensors`` order (see
+        ``_slot_groups``)."""
+        return tuple(names for names in _slot_groups(self.spec)
+                     if all(n in self.slots for n in names))
 
     def tie_choices(self) -> list[tuple[tuple[str, ...], int]]:
         """(a slot's names, a tensor index) pairs a tie may draw: the tensor is of the slot's
@@ -479,7 +481,7 @@ class ModuleModel:
 
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # a batching rule's fallback warns
+                warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
                 out = torch.func.vmap(call, in_dims=(0, None))(stacked, x.clone())
         except Exception as e:
             return Prediction(error=type(e))

@@ -340,9 +340,7 @@ class SequenceMachine(RuleBasedStateMachine):
         given = {t.names[0]: stacked[i] for i, t in enumerate(model.tensors)}
         check = self.begin("vmap", call=CallInput(given, (self.x,), {}, tie_weights=True))
         prediction = model.vmap_call(self.x, copies)
-        call = self.target.functional_call
-        outcome = attempt(lambda: torch.func.vmap(
-            lambda p, x: call(self.module, p, (x,), {}), in_dims=(0, None))(given, self.x.clone()))
+        outcome = attempt(lambda: vmapped_call(self.target, self.module, given, self.x))
         self.after(check, prediction, outcome, repro.vmap_lines(self.target, given), output=True)
 
     @precondition(lambda self: self.judged and self.model is not None
@@ -770,6 +768,15 @@ def given_value(value: Tensor) -> Tensor:
     if v.dtype == torch.bool:
         return ~v
     return (v + (0.5 if v.is_floating_point() or v.is_complex() else 1)).clone()
+
+
+def vmapped_call(target: Any, module: nn.Module, stacked: dict[str, Tensor], x: Tensor) -> Tensor:
+    """``torch.func.vmap`` of ``target.functional_call(module, p, (x,), {})`` over the stacked
+    tensors' first dimension, ``x`` unbatched (a batching rule's fallback warning silenced)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
+        return torch.func.vmap(lambda p, inputs: target.functional_call(module, p, (inputs,), {}),
+                               in_dims=(0, None))(stacked, x.clone())
 
 
 def run_backward(module: nn.Module, x: Tensor, create_graph: bool) -> None:
