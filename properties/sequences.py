@@ -5,9 +5,9 @@ module from the tree strategy; each later step is one rule, drawn with its argum
 
 - ``convert``: ``target.apply`` with a drawn conversion and flags (``half()``, ``to_empty``,
   ``share_memory()``, ``to('meta')``...);
-- ``functional_call``: ``target.functional_call`` with drawn tensors, ``tie_weights`` and form;
-- ``vmap``: ``torch.func.vmap`` of ``target.functional_call`` over 2 or 3 stacked copies of every
-  parameter and buffer (``in_dims=(0, None)``);
+- ``functional_call``: ``target.functional_call`` with drawn tensors, ``tie_weights`` and form,
+  or ``vmap``: ``torch.func.vmap`` of it over 2 or 3 stacked copies of every parameter and
+  buffer (``in_dims=(0, None)``);
 - ``tie``: a slot re-pointed at another tensor of its kind, dtype and shape
   (``setattr(owner, key, tensor)``), or one slot of a tie given its own copy (untie);
 - ``load_state_dict``: ``target.load_state_dict`` (only for targets that have one);
@@ -297,6 +297,16 @@ class SequenceMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     @while_judged
     def functional_call(self, data: st.DataObject) -> None:
+        """A functional call: ``target.functional_call`` with drawn tensors, or (where
+        ``vmappable``) ``torch.func.vmap`` of it over stacked copies (``vmap``)."""
+        if self.vmappable and data.draw(st.booleans(), label="vmap"):
+            self.vmap(data)
+        else:
+            self.plain_call(data)
+
+    def plain_call(self, data: st.DataObject) -> None:
+        """``target.functional_call`` given other values for up to 3 drawn tensors, with
+        ``tie_weights`` (one drawn name per tensor, else all its names) and form drawn."""
         model = self.model
         chosen = data.draw(st.lists(st.sampled_from(range(len(model.tensors))), unique=True,
                                     max_size=3), label="tensors") if model.tensors else []
@@ -320,9 +330,6 @@ class SequenceMachine(RuleBasedStateMachine):
             self.module, tensors, (self.x.clone(),), {}, tie_weights=tie_weights))
         self.after(check, prediction, outcome, lines, output=True)
 
-    @precondition(lambda self: self.judged and self.vmappable)
-    @rule(data=st.data())
-    @while_judged
     def vmap(self, data: st.DataObject) -> None:
         """``torch.func.vmap`` of ``target.functional_call`` over ``torch.stack`` of 2 or 3
         copies of every tensor (each copy's values shifted 0-2 times by ``given_value``), under

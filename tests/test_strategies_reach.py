@@ -194,18 +194,20 @@ def test_load_reach() -> None:
 
 
 # Sequences on the reference: the share of sequences that ran each step at least once, measured
-# on 30 derandomized sequences (the CI profile runs 20 per SEQ- test): tie and untie 36.4%,
-# vmap 9.1%, zero_grad 6.1% (the rarest), every other step 24-61%. Hypothesis' swarm testing
-# turns a random subset of the rules off per sequence, so shares are lumpy: the floors sit well
-# below. Lengths: 28 of 33 sequences ran 9 steps after the build, the shortest 5.
+# on 30 derandomized sequences (the CI profile runs 20 per SEQ- test): vmap 32.3%, tie 12.9%,
+# untie 19.4%, backward and optimizer_step 3.2% (the rarest), every other step 9.7-61.3%.
+# Hypothesis' swarm testing turns a random subset of the rules off per sequence, and it draws
+# the rules it sorts first more often, so shares are lumpy: every step's floor is one sequence,
+# the new rules' sit below their measured shares. Lengths (steps after the build): mean 6.45
+# (21 of 31 ran 9; a test case that overruns Hypothesis' buffer ends early).
 SEQUENCES = 30
 SEQUENCE_FLOORS = {
     **dict.fromkeys(("convert", "functional_call", "load_state_dict", "state_dict_round_trip",
                      "deepcopy", "backward", "register_hooks", "build_optimizer",
-                     "optimizer_step"), 0.15),
-    "zero_grad": 0.03, "tie": 0.2, "untie": 0.2, "vmap": 0.05,
+                     "optimizer_step", "zero_grad"), 0.03),
+    "tie": 0.08, "untie": 0.08, "vmap": 0.15,
 }
-SEQUENCE_MEAN_LENGTH_FLOOR = 7
+SEQUENCE_MEAN_LENGTH_FLOOR = 5
 
 
 def test_sequence_reach() -> None:
