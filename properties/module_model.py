@@ -12,7 +12,10 @@ target runs) and predicts each operation on its own copies of the values:
   ``obj=None``, which the model adopts once it has been checked);
 - **grads**: values (dense or sparse) and whether they carry an autograd graph;
 - **hooks**: each counting tensor hook and how often it must have fired;
-- **optimizer**: which tensor each entry of the optimizer's parameter list must still be.
+- **optimizer**: which tensor each entry of the optimizer's parameter list must still be
+  (``UNNAMED``: a tensor no name holds any more, which the optimizer keeps);
+- **slots**: each slot is one (module, key); a shared submodule's paths are several names of one
+  slot (``slot_groups``), so re-pointing a slot re-points all its names.
 
 Values the spec computes with torch (a conversion ``fn``, a forward, a backward, an optimizer
 step) are computed here on copies: ``fresh()`` builds the tree again from its spec and loads the
@@ -22,6 +25,7 @@ model's values and grads into it, so a forward on it is the spec's forward.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -31,12 +35,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from swapspec.properties.common import expected_path
+from swapspec.properties.common import expected_path, same_metadata
 from swapspec.properties.examples import named_tensors
+from swapspec.properties.oracle import slot_of
 from swapspec.strategies.trees import TreeSpec, build_tree
 
 LR = 0.1  # the SGD learning rate of every optimizer the sequences build
 HOOK_KINDS = ("hook", "post-accumulate")
+# An optimizer entry whose tensor no name of the module holds any more (a tie re-pointed its
+# last slot): the optimizer keeps the object; nothing about it is checked, and it is not stale.
+UNNAMED = -1
 
 
 @dataclass
@@ -88,7 +96,8 @@ class ModuleModel:
     tensors: list[TensorState]
     slots: dict[str, int]  # name -> index into tensors
     hooks: list[HookState] = field(default_factory=list)
-    optimizer: list[int | None] | None = None  # per entry: the tensor it must be, None: stale
+    # per entry: the tensor it must be; None: stale; UNNAMED: held by no name any more
+    optimizer: list[int | None] | None = None
     # A parameter was swapped while a grad's graph held autograd nodes of the module: torch
     # refuses a backward through them ("AccumulateGrad node that was poisoned by swap_tensors")
     # until the grads are cleared. No backward runs then (a misuse torch documents).
@@ -123,7 +132,7 @@ class ModuleModel:
             hook.index = remap.get(hook.index)
             hook.live = hook.live and hook.index is not None
         if self.optimizer is not None:
-            self.optimizer = [remap.get(i) if i is not None else None for i in self.optimizer]
+            self.optimizer = [i if i in (None, UNNAMED) else remap.get(i) for i in self.optimizer]
         self.tensors, self.slots = fresh.tensors, fresh.slots
 
     def adopt(self, module: nn.Module) -> None:
@@ -200,9 +209,7 @@ class ModuleModel:
                 grad=_copy(grads[i]) if i in grads else None))
         self.tensors = new
         self.poisoned |= may_refuse
-        if self.optimizer is not None:  # an entry whose tensor got a new object is stale
-            self.optimizer = [i if i is not None and new[i].obj is not None else None
-                              for i in self.optimizer]
+        self._mark_stale_entries()
         return Prediction(result=None, may_refuse=may_refuse)
 
     def forward(self, x: Tensor, *, backward: str = "", given: dict[str, Tensor] | None = None,
@@ -251,7 +258,13 @@ class ModuleModel:
         for hook in self.hooks:
             hook.index = None if hook.index is None else remap[hook.index]
         if self.optimizer is not None:
-            self.optimizer = [None if i is None else remap[i] for i in self.optimizer]
+            self.optimizer = [i if i in (None, UNNAMED) else remap[i] for i in self.optimizer]
+
+    def _mark_stale_entries(self) -> None:
+        """An optimizer entry whose tensor got a new object is stale (``None``)."""
+        if self.optimizer is not None:
+            self.optimizer = [i if i == UNNAMED or (i is not None and self.tensors[i].obj is not None)
+                              else None for i in self.optimizer]
 
     def _load_given(self, copy: nn.Module, given: dict[str, Tensor], tie_weights: bool) -> set[int]:
         """Put the call's tensors in the copy's slots for good; return the indices they fill."""
@@ -279,12 +292,15 @@ class ModuleModel:
 
     def optimizer_step(self) -> Prediction:
         """``SGD(lr=LR, foreach=False).step()``: ``p.add_(grad, alpha=-LR)`` for every entry
-        that has a grad (the model holds no stale entry: see ``drop_stale_optimizer``). An error
-        of that update on the copies is the prediction (nothing changes)."""
+        that has a grad (the model holds no stale entry: see ``drop_stale_optimizer``; an
+        ``UNNAMED`` entry's update changes nothing the module holds). An error of that update on
+        the copies is the prediction (nothing changes)."""
         updated: dict[int, Tensor] = {}
         try:
             with torch.no_grad():
                 for i in self.optimizer or ():
+                    if i == UNNAMED:
+                        continue
                     state = self.tensors[i]
                     if state.grad is not None:
                         updated[i] = _copy(state.value).add_(state.grad, alpha=-LR)
@@ -357,9 +373,7 @@ class ModuleModel:
             self.tensors[i] = state
         for hook in self.hooks:
             hook.live = hook.live and (hook.index is None or self.tensors[hook.index].obj is not None)
-        if self.optimizer is not None:  # an entry whose tensor got a new object is stale
-            self.optimizer = [i if i is not None and self.tensors[i].obj is not None else None
-                              for i in self.optimizer]
+        self._mark_stale_entries()
         return Prediction(may_refuse=may_refuse)
 
     @staticmethod
@@ -382,6 +396,97 @@ class ModuleModel:
                 state, cls=nn.Parameter if state.parameter else state.cls, value=_copy(value),
                 grad=grad, grad_graph=graph)
 
+    # ---- ties ------------------------------------------------------------------------
+
+    def slot_groups(self) -> tuple[tuple[str, ...], ...]:
+        """The names of each slot the model holds a tensor in, in ``named_tensors`` order (see
+        ``_slot_groups``)."""
+        return tuple(names for names in _slot_groups(self.spec)
+                     if all(n in self.slots for n in names))
+
+    def tie_choices(self) -> list[tuple[tuple[str, ...], int]]:
+        """(a slot's names, a tensor index) pairs a tie may draw: the tensor is of the slot's
+        kind (parameter or buffer) and holds the slot's dtype, device and shape, so a forward
+        still runs; the slot does not hold it yet."""
+        choices = []
+        for names in self.slot_groups():
+            here = self.tensors[self.slots[names[0]]]
+            for j, other in enumerate(self.tensors):
+                if other is not here and other.parameter == here.parameter \
+                        and same_metadata(other.value, here.value):
+                    choices.append((names, j))
+        return choices
+
+    def untie_choices(self) -> list[tuple[str, ...]]:
+        """The slots an untie may draw: those whose tensor another slot holds too."""
+        return [names for names in self.slot_groups()
+                if len(self.tensors[self.slots[names[0]]].names) > len(names)]
+
+    def tie(self, names: tuple[str, ...], index: int) -> Prediction:
+        """``setattr(owner, key, tensor)``: slot ``names`` (all its names) holds tensor
+        ``index`` from now on, which keeps its object, class, attributes, values, grad, hooks
+        and optimizer entries. The slot's old tensor loses these names; left with none, it
+        drops out of the model: its hooks never fire again (backward does not reach it) and
+        its optimizer entries become ``UNNAMED`` (the optimizer still holds it)."""
+        old = self.slots[names[0]]
+        target = self.tensors[index]
+        self.tensors[index] = dataclasses.replace(target, names=(*target.names, *names))
+        self._drop_names(old, names)
+        return Prediction()
+
+    def untie(self, names: tuple[str, ...]) -> Prediction:
+        """Slot ``names`` gets its own copy of its tensor (a new ``nn.Parameter`` of the same
+        values and ``requires_grad``, or a buffer's ``detach().clone()``): a new object, of
+        class ``nn.Parameter`` without attributes, grad or hooks, in no optimizer. The tensor
+        keeps its other names, object, grad, hooks and optimizer entries."""
+        state = self.tensors[self.slots[names[0]]]
+        self.tensors.append(TensorState(
+            names=names, parameter=state.parameter,
+            cls=nn.Parameter if state.parameter else Tensor, attributes={},
+            requires_grad=state.requires_grad if state.parameter else False,
+            value=_copy(state.value), values_known=state.values_known))
+        self._drop_names(self.slots[names[0]], names)
+        return Prediction()
+
+    def _drop_names(self, index: int, names: tuple[str, ...]) -> None:
+        """Tensor ``index`` no longer holds ``names``; left with none, it is forgotten."""
+        state = self.tensors[index]
+        self.tensors[index] = dataclasses.replace(
+            state, names=tuple(n for n in state.names if n not in names))
+        kept = [i for i, t in enumerate(self.tensors) if t.names]
+        remap = {i: kept.index(i) if i in kept else None for i in range(len(self.tensors))}
+        if self.optimizer is not None:
+            self.optimizer = [UNNAMED if i is not None and i != UNNAMED and remap[i] is None
+                              else i for i in self.optimizer]
+        self._renumber([self.tensors[i] for i in kept], remap)
+
+    # ---- vmap ------------------------------------------------------------------------
+
+    def vmap_call(self, x: Tensor, copies: list[dict[int, Tensor]]) -> Prediction:
+        """``torch.func.vmap(lambda p, x: functional_call(module, p, (x,), {}), in_dims=(0,
+        None))`` with every name of tensor ``i`` given ``torch.stack`` of the copies' ``i``-th
+        values: the module is left as it was (every tensor is given), and the output is the
+        same vmap over a fresh build whose slots hold the stacked values, which is the stack of
+        one forward per copy (vmap's batched kernels round as any target's do under vmap: one
+        forward per copy can differ in the last bit). Where that vmap raises (a batching rule
+        torch lacks, values on ``meta``), the prediction is its error type."""
+        copy, _ = self.fresh()
+        stacked = {i: torch.stack([_copy(c[i]) for c in copies]) for i in range(len(self.tensors))}
+
+        def call(given: dict[int, Tensor], inputs: Tensor) -> Tensor:
+            for i, value in given.items():
+                for name in self.tensors[i].names:
+                    _set_slot(copy, name, value)
+            return copy(inputs)
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a batching rule's fallback warns
+                out = torch.func.vmap(call, in_dims=(0, None))(stacked, x.clone())
+        except Exception as e:
+            return Prediction(error=type(e))
+        return Prediction(result=out.detach())
+
     def stop_checking_hooks(self, indices: Iterable[int]) -> None:
         """Hooks on these tensors may have been lost by a declared deviation."""
         wanted = set(indices)
@@ -396,6 +501,18 @@ def _state_of(t: Tensor, parameter: bool) -> TensorState:
         requires_grad=t.requires_grad, value=_copy(t), obj=t,
         grad=None if grad is None else _copy(grad),
         grad_graph=grad is not None and grad.grad_fn is not None)
+
+
+@functools.lru_cache(maxsize=256)
+def _slot_groups(spec: TreeSpec) -> tuple[tuple[str, ...], ...]:
+    """The names of each slot of the tree, read on a fresh build: a slot is one (module, key),
+    and no step changes which module owns which key (a shared submodule's paths stay one
+    slot, a deep copy keeps the sharing)."""
+    built = build_tree(spec)
+    groups: dict[Any, list[str]] = {}
+    for name in named_tensors(built):
+        groups.setdefault(slot_of(built, name), []).append(name)
+    return tuple(tuple(names) for names in groups.values())
 
 
 def _copy(t: Tensor) -> Tensor:

@@ -88,11 +88,47 @@ def functional_call_lines(target: Any, tensors: dict[str, Tensor], tie_weights: 
     given = "{" + ", ".join(f"{k!r}: {tensor_code(v)}" for k, v in tensors.items()) + "}"
     if tuple_form:
         given = f"({given},)"
-    fc = {"torch": "torch.func.functional_call",
-          "torch-stateless": "torch.nn.utils.stateless.functional_call"}.get(
-              target.name, "target.functional_call")
-    return ["error = None", "out = None",
-            *guarded([f"out = {fc}(module, {given}, (x.clone(),), tie_weights={tie_weights})"])]
+    return ["error = None", "out = None", *guarded(
+        [f"out = {functional_call_name(target)}(module, {given}, (x.clone(),), "
+         f"tie_weights={tie_weights})"])]
+
+
+def functional_call_name(target: Any) -> str:
+    """How a repro calls the target's ``functional_call``."""
+    return {"torch": "torch.func.functional_call",
+            "torch-stateless": "torch.nn.utils.stateless.functional_call"}.get(
+                target.name, "target.functional_call")
+
+
+def vmap_lines(target: Any, tensors: dict[str, Tensor]) -> list[str]:
+    """One ``torch.func.vmap`` of the target's ``functional_call`` over stacked tensors (one
+    line per stacked tensor, named once however many names it is given under); its output is
+    kept in ``out``."""
+    lines, code = [], {}
+    for value in tensors.values():
+        if id(value) not in code:
+            code[id(value)] = f"s{len(code)}"
+            lines.append(f"{code[id(value)]} = {tensor_code(value)}")
+    given = "{" + ", ".join(f"{k!r}: {code[id(v)]}" for k, v in tensors.items()) + "}"
+    fc = functional_call_name(target)
+    return [*lines, "error = None", "out = None", *guarded(
+        [f"out = torch.func.vmap(lambda p, x: {fc}(module, p, (x,), {{}}), "
+         f"in_dims=(0, None))({given}, x.clone())"])]
+
+
+def tie_lines(names: tuple[str, ...], source: str) -> list[str]:
+    """``setattr`` of one slot (by its first name) to the tensor the module holds at ``source``."""
+    prefix, _, key = names[0].rpartition(".")
+    return [f"setattr(module.get_submodule({prefix!r}), {key!r}, named(module)[{source!r}])"]
+
+
+def untie_lines(names: tuple[str, ...], parameter: bool) -> list[str]:
+    """One slot (by its first name) given its own copy of its tensor."""
+    prefix, _, key = names[0].rpartition(".")
+    value = f"named(module)[{names[0]!r}]"
+    copy = (f"torch.nn.Parameter({value}.detach().clone(), requires_grad={value}.requires_grad)"
+            if parameter else f"{value}.detach().clone()")
+    return [f"setattr(module.get_submodule({prefix!r}), {key!r}, {copy})"]
 
 
 def load_lines(target: Any, kind: str, state_dict: dict[str, Any], assign: bool,

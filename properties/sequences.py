@@ -5,7 +5,11 @@ module from the tree strategy; each later step is one rule, drawn with its argum
 
 - ``convert``: ``target.apply`` with a drawn conversion and flags (``half()``, ``to_empty``,
   ``share_memory()``, ``to('meta')``...);
-- ``functional_call``: ``target.functional_call`` with drawn tensors, ``tie_weights`` and form;
+- ``functional_call``: ``target.functional_call`` with drawn tensors, ``tie_weights`` and form,
+  or ``vmap``: ``torch.func.vmap`` of it over 2 or 3 stacked copies of every parameter and
+  buffer (``in_dims=(0, None)``);
+- ``tie``: a slot re-pointed at another tensor of its kind, dtype and shape
+  (``setattr(owner, key, tensor)``), or one slot of a tie given its own copy (untie);
 - ``load_state_dict``: ``target.load_state_dict`` (only for targets that have one);
 - ``backward`` (``create_graph`` either way), ``build_optimizer``/``optimizer_step`` (SGD),
   ``zero_grad`` (``set_to_none`` either way), ``register_hooks`` (counting tensor hooks),
@@ -57,6 +61,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from torch import Tensor, nn
+from torch._C._functorch import is_batchedtensor
 
 from swapspec import reference
 from swapspec.properties import ids
@@ -71,7 +76,7 @@ from swapspec.properties.deviations import (
     Violation,
 )
 from swapspec.properties.examples import Example, named_tensors, same_values
-from swapspec.properties.module_model import LR, ModuleModel, Prediction
+from swapspec.properties.module_model import LR, UNNAMED, ModuleModel, Prediction
 from swapspec.properties.torch_deviations import APPLY_IDS
 from swapspec.strategies import (
     CallInput,
@@ -81,6 +86,7 @@ from swapspec.strategies import (
     module_trees,
     tree_info,
 )
+from swapspec.strategies.decorations import OLD_STYLE
 
 STATE, FORWARD, HOOKS, OPTIMIZER = "SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER"
 
@@ -101,6 +107,12 @@ STEP_PROPERTIES: dict[str, tuple[str, ...]] = {
     "functional_call": (*ids.FUNCTIONAL_CALL, "TOGETHER-CONVERTED-CALL"),
     "load_state_dict": tuple(pid for pid in ids.ALL if pid.startswith("LOAD")),
 }
+STEP_PROPERTIES["vmap"] = STEP_PROPERTIES["functional_call"]
+# Steps that call the module functionally: a slot they leave holding another object or other
+# values is ``not-restored`` (FC-RESTORE's clause).
+CALL_STEPS = ("functional_call", "vmap")
+# Copies a vmap step stacks, each the slot's values shifted 0, 1 or 2 times (``given_value``).
+VMAP_COPIES = (2, 3)
 HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost", "tensor-hooks")
 # What a load step gives each tensor key: other values of the slot's dtype, other values in
 # float64 (floating slots), the module's own state_dict() (a round trip), or other values with
@@ -254,6 +266,7 @@ class SequenceMachine(RuleBasedStateMachine):
         self.steps: list[list[str]] = []
         self.start = global_state()
         self.judged = True  # False once a declared deviation has shown
+        self.vmappable = False
 
     # ---- build -----------------------------------------------------------------------
 
@@ -262,6 +275,11 @@ class SequenceMachine(RuleBasedStateMachine):
         self.module, (self.x,), self.palette = module, inputs, palette
         spec = tree_info(module).spec
         self.model = ModuleModel.observe(module, spec)
+        # Old-style reparametrizations (weight_norm, spectral_norm, prune) store their computed
+        # attribute on the module in a forward pre-hook: under vmap that is a batched tensor
+        # escaping the vmapped function, and every later use of it raises (torch's documented
+        # vmap limitation), so the module is not left as it was in any way the spec can state.
+        self.vmappable = not any(d.kind in OLD_STYLE for d in spec.decorations)
         self.build_lines = [*tree_info(module).source("module").splitlines(),
                             f"x = {repro.tensor_code(self.x)}"]
         self.after(self.begin("build"), Prediction(), Outcome(), [])
@@ -290,6 +308,16 @@ class SequenceMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     @while_judged
     def functional_call(self, data: st.DataObject) -> None:
+        """A functional call: ``target.functional_call`` with drawn tensors, or (where
+        ``vmappable``) ``torch.func.vmap`` of it over stacked copies (``vmap``)."""
+        if self.vmappable and data.draw(st.booleans(), label="vmap"):
+            self.vmap(data)
+        else:
+            self.plain_call(data)
+
+    def plain_call(self, data: st.DataObject) -> None:
+        """``target.functional_call`` given other values for up to 3 drawn tensors, with
+        ``tie_weights`` (one drawn name per tensor, else all its names) and form drawn."""
         model = self.model
         chosen = data.draw(st.lists(st.sampled_from(range(len(model.tensors))), unique=True,
                                     max_size=3), label="tensors") if model.tensors else []
@@ -312,6 +340,58 @@ class SequenceMachine(RuleBasedStateMachine):
         outcome = attempt(lambda: self.target.functional_call(
             self.module, tensors, (self.x.clone(),), {}, tie_weights=tie_weights))
         self.after(check, prediction, outcome, lines, output=True)
+
+    def vmap(self, data: st.DataObject) -> None:
+        """``torch.func.vmap`` of ``target.functional_call`` over ``torch.stack`` of 2 or 3
+        copies of every tensor (each copy's values shifted 0-2 times by ``given_value``), under
+        one name of each tensor: vmap hands each dict entry in as its own batched tensor, so two
+        names given one object would arrive as two values, which ``tie_weights=True`` refuses;
+        given one name, a tie's other names follow it. Where the model's own vmap raises, the
+        step must raise that error type and leave the module as it was: a module vmap cannot
+        run (a batching rule torch lacks, values on ``meta``) is still held to the restore
+        rules, which a step not drawn there would not check."""
+        model = self.model
+        shifts = data.draw(st.lists(st.integers(0, 2), min_size=min(VMAP_COPIES),
+                                    max_size=max(VMAP_COPIES)), label="copies")
+        copies = [{i: shifted(t.value, k) for i, t in enumerate(model.tensors)} for k in shifts]
+        stacked = {i: torch.stack([c[i] for c in copies]) for i in range(len(model.tensors))}
+        given = {t.names[0]: stacked[i] for i, t in enumerate(model.tensors)}
+        check = self.begin("vmap", call=CallInput(given, (self.x,), {}, tie_weights=True))
+        prediction = model.vmap_call(self.x, copies)
+        outcome = attempt(lambda: vmapped_call(self.target, self.module, given, self.x))
+        self.after(check, prediction, outcome, repro.vmap_lines(self.target, given), output=True)
+
+    @precondition(lambda self: self.judged and self.model is not None
+                  and bool(self.model.untie_choices() or self.model.tie_choices()))
+    @rule(data=st.data())
+    @while_judged
+    def tie(self, data: st.DataObject) -> None:
+        """Tie a slot to another tensor as users do (``decoder.weight = encoder.weight``:
+        ``setattr(owner, key, tensor)``), or untie one slot of a tie (its own copy: a new
+        ``nn.Parameter`` of the same values and ``requires_grad``, a buffer's
+        ``detach().clone()``). A tie joins slots of one kind (parameters, or buffers: a
+        Parameter set on a buffer's key would make it a parameter) whose tensors have one
+        dtype, device and shape, so the module's forward still runs. A slot is one (module,
+        key): re-pointing a shared submodule's slot re-points all its paths."""
+        model = self.model
+        kinds = [k for k, choices in (("tie", model.tie_choices()),
+                                      ("untie", model.untie_choices())) if choices]
+        kind = data.draw(st.sampled_from(kinds), label="tie or untie")
+        if kind == "tie":
+            names, index = data.draw(st.sampled_from(model.tie_choices()), label="slot, tensor")
+            source = model.tensors[index].names[0]
+            check = self.begin("tie")
+            owner, key = slot_owner(self.module, names[0])
+            outcome = attempt(lambda: setattr(owner, key, named_tensors(self.module)[source]))
+            prediction, lines = model.tie(names, index), repro.tie_lines(names, source)
+        else:
+            names = data.draw(st.sampled_from(model.untie_choices()), label="slot")
+            parameter = model.tensors[model.slots[names[0]]].parameter
+            check = self.begin("untie")
+            owner, key = slot_owner(self.module, names[0])
+            outcome = attempt(lambda: setattr(owner, key, own_copy(getattr(owner, key))))
+            prediction, lines = model.untie(names), repro.untie_lines(names, parameter)
+        self.after(check, prediction, outcome, lines)
 
     @precondition(lambda self: getattr(self.target, "load_state_dict", None) is not None)
     @rule(data=st.data())
@@ -507,6 +587,8 @@ class SequenceMachine(RuleBasedStateMachine):
             check_state(symptoms, self.model, self.module, step)
         resync = check.verdict(self.script, symptoms.violations)
         self.judged = not check.shown
+        if not self.judged:  # the rest is not judged: nothing to keep the model in step with
+            return
         if resync:
             self.model.resync(self.module)
         self.model.adopt(self.module)
@@ -560,9 +642,11 @@ class SequenceMachine(RuleBasedStateMachine):
 def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: str) -> None:
     """SEQ-STATE: names, objects, ties, class, attributes, requires_grad, values and grads.
 
-    After a functional call the object and value clauses are ``not-restored`` (FC-RESTORE's)."""
+    After a functional call (``CALL_STEPS``) the object and value clauses are ``not-restored``
+    (FC-RESTORE's). A slot left holding a batched tensor that escaped a vmapped function (on
+    which every use raises) breaks the object clause, and nothing more of it is read."""
     named = named_tensors(module)
-    moved = "not-restored" if step == "functional_call" else "object-changed"
+    moved = "not-restored" if step in CALL_STEPS else "object-changed"
     for state in model.tensors:
         first = state.names[0]
         if not check.that(all(n in named for n in state.names), "slot-missing",
@@ -570,6 +654,10 @@ def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: s
                           code=f"all(n in named(module) for n in {list(state.names)!r})"):
             continue
         now = named[first]
+        if not check.that(not is_batchedtensor(now), moved,
+                          f"{first!r} holds a batched tensor escaped from vmap",
+                          code=f"not torch._C._functorch.is_batchedtensor(named(module)[{first!r}])"):
+            continue
         kind = "parameter" if state.parameter else "buffer"
         for other in state.names[1:]:
             check.that(named[other] is now, f"{kind}-tie-split",
@@ -591,7 +679,7 @@ def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: s
                        f"{first!r} requires_grad is {now.requires_grad}",
                        code=f"{code}.requires_grad == {state.requires_grad}")
         check.that(_matches(now, state.value, state.values_known),
-                   "not-restored" if step == "functional_call" else "value",
+                   "not-restored" if step in CALL_STEPS else "value",
                    f"{first!r} is {_describe(now)}, the model says {_describe(state.value)}",
                    code=f"same({code}, {repro.tensor_code(state.value)})" if state.values_known
                    else f"{code}.dtype == {state.value.dtype}")
@@ -631,13 +719,14 @@ def check_hooks(check: StepCheck, model: ModuleModel, fired: Counter, target: An
 
 def check_optimizer(check: StepCheck, model: ModuleModel, module: nn.Module,
                     opt: torch.optim.Optimizer | None) -> None:
-    """SEQ-OPTIMIZER: every entry the model still holds is the module's parameter."""
+    """SEQ-OPTIMIZER: every entry the model still holds is the module's parameter (a stale
+    entry and one whose tensor no name holds any more, ``UNNAMED``, are not held to it)."""
     if opt is None or model.optimizer is None:
         return
     named = named_tensors(module)
     held = opt.param_groups[0]["params"]
     for position, index in enumerate(model.optimizer):
-        if index is None:
+        if index is None or index == UNNAMED:
             continue
         name = model.tensors[index].names[0]
         check.that(held[position] is named.get(name), "optimizer-stale",
@@ -667,6 +756,28 @@ def load_value(value: Tensor, kind: str) -> Tensor:
     return new.double() if kind == "float64" and new.is_floating_point() else new
 
 
+def shifted(value: Tensor, times: int) -> Tensor:
+    """``value`` through ``given_value`` ``times`` times (0: a copy of it)."""
+    out = value.detach().clone()
+    for _ in range(times):
+        out = given_value(out)
+    return out
+
+
+def own_copy(t: Tensor) -> Tensor:
+    """What untie puts in a slot: ``nn.Parameter(t.detach().clone(), requires_grad=...)`` for a
+    parameter, ``t.detach().clone()`` for a buffer."""
+    if isinstance(t, nn.Parameter):
+        return nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
+    return t.detach().clone()
+
+
+def slot_owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The submodule holding slot ``name``, and the slot's key in it."""
+    prefix, _, key = name.rpartition(".")
+    return module.get_submodule(prefix), key
+
+
 def given_value(value: Tensor) -> Tensor:
     """A tensor of ``value``'s dtype and shape with other values (for calls and loads)."""
     v = value.detach()
@@ -675,6 +786,15 @@ def given_value(value: Tensor) -> Tensor:
     if v.dtype == torch.bool:
         return ~v
     return (v + (0.5 if v.is_floating_point() or v.is_complex() else 1)).clone()
+
+
+def vmapped_call(target: Any, module: nn.Module, stacked: dict[str, Tensor], x: Tensor) -> Tensor:
+    """``torch.func.vmap`` of ``target.functional_call(module, p, (x,), {})`` over the stacked
+    tensors' first dimension, ``x`` unbatched (a batching rule's fallback warning silenced)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
+        return torch.func.vmap(lambda p, inputs: target.functional_call(module, p, (inputs,), {}),
+                               in_dims=(0, None))(stacked, x.clone())
 
 
 def run_backward(module: nn.Module, x: Tensor, create_graph: bool) -> None:

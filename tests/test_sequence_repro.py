@@ -13,11 +13,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
+from swapspec.properties.common import conversion_named
 from swapspec.properties.deviations import ConformanceError
-from swapspec.properties.sequences import STATE, STEPS, repro_of, run_sequences, steps_in
-from swapspec.properties.targets import load_target
+from swapspec.properties.sequences import (
+    STATE,
+    STEPS,
+    SequenceMachine,
+    repro_of,
+    run_sequences,
+    steps_in,
+)
+from swapspec.properties.targets import builtin_target, load_target
+from swapspec.strategies import build_tree
+from tests.test_module_model_ties import FLAT, X, _Scripted
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = "tests.zoo.grads_lost_after_training:target"
@@ -63,3 +74,28 @@ def test_failing_load_step_prints_a_standalone_asserting_repro(tmp_path: Path) -
     assert "at step 'load_state_dict'" in message, message[:2000]
     assert "target.load_state_dict(module, sd, strict=True" in script
     _assert_fails_on_target_only(LOAD_ZOO, script, tmp_path)
+
+
+@settings(max_examples=1, database=None, deadline=None)
+@given(st.none())  # a machine's steps record Hypothesis events: they run inside a test
+def test_tie_untie_and_vmap_steps_print_plain_torch_lines(_: None) -> None:
+    """Rule: a tie, an untie and a vmap step print plain torch lines (``setattr`` on the
+    slot's owner, ``torch.func.vmap`` of ``torch.func.functional_call``) that run standalone
+    and leave the module as the sequence did."""
+    machine = SequenceMachine.for_target(builtin_target("torch"), STATE)()
+    machine.build(build_tree(FLAT), (X,), [conversion_named("double()")])
+    machine.tie(_Scripted("tie", machine.model.tie_choices()[0]))
+    machine.tie(_Scripted("untie", machine.model.untie_choices()[0]))
+    machine.vmap(_Scripted([0, 2]))
+    assert machine.judged
+    script = machine.script([])
+    assert "setattr(module.get_submodule(''), 'p0', named(module)['p1'])" in script
+    assert "torch.nn.Parameter(named(module)['p0'].detach().clone()" in script
+    assert "out = torch.func.vmap(lambda p, x: torch.func.functional_call(module, p, (x,), {})" \
+        in script
+    checked = script + "\nassert error is None and out.shape == (2, *x.shape)\n"
+    checked += "assert named(module)['p0'] is not named(module)['p1']\n"
+    done = subprocess.run([sys.executable, "-c", checked], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False,
+                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
