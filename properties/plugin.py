@@ -402,10 +402,21 @@ def _key_per_target(item: pytest.Item) -> None:
     """Give each property x target its own example-database key, derived from the test id (as
     Hypothesis does for ``@pytest.mark.parametrize`` and HypoFuzz for every test it fuzzes), so
     a target's saved examples replay on that target only, and a failure a HypoFuzz campaign
-    saved replays in pytest."""
-    inner = getattr(getattr(item.obj, "hypothesis", None), "inner_test", None)
-    if inner is not None and is_property_test(item):
-        inner._hypothesis_internal_add_digest = item.nodeid.encode()
+    saved replays in pytest. Under a derandomized profile every target still gets the same
+    examples: the seed stays the property's own (its digest without the test id)."""
+    wrapped = getattr(item.obj, "__func__", item.obj)
+    inner = getattr(getattr(wrapped, "hypothesis", None), "inner_test", None)
+    if inner is None or not is_property_test(item):
+        return
+    from hypothesis.internal.compat import int_from_bytes
+    from hypothesis.internal.reflection import function_digest
+
+    inner.__dict__.pop("_hypothesis_internal_add_digest", None)
+    shared = int_from_bytes(function_digest(inner))
+    inner._hypothesis_internal_add_digest = item.nodeid.encode()
+    current = getattr(wrapped, "_hypothesis_internal_use_settings", None)
+    wrapped._hypothesis_internal_use_seed = shared if current is not None and current.derandomize \
+        else None
 
 
 def _use_shared_database(item: pytest.Item) -> None:
