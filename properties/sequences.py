@@ -39,18 +39,20 @@ one known torch behaviour does not fail every later step.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import gc
 import random
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import torch
+import torch.utils.deterministic
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -233,6 +235,34 @@ def while_judged(step: Callable) -> Callable:
 COLLECTING_STEPS = ("build", "convert", "load_state_dict")
 
 
+@contextlib.contextmanager
+def defined_empty_memory(active: bool = True) -> Iterator[None]:
+    """With ``active``, ``torch.empty`` fills floats with NaN and integers with their maximum, as
+    torch's deterministic mode does, so a conversion whose values the spec leaves open
+    (``to_empty``) gives the same values in every process: the model takes them from the
+    module, and a repro run in another interpreter must see them too. Restores the mode after."""
+    if not active:
+        yield
+        return
+    mode = (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+        torch.utils.deterministic.fill_uninitialized_memory = mode[2]
+
+
+# the repro's lines around such a conversion (the same mode, on and off again)
+DEFINED_EMPTY_MEMORY_LINES = (
+    ["torch.use_deterministic_algorithms(True, warn_only=True)  # to_empty's values: NaN",
+     "torch.utils.deterministic.fill_uninitialized_memory = True"],
+    ["torch.use_deterministic_algorithms(False)"])
+
+
 class SequenceMachine(RuleBasedStateMachine):
     """A module's life on one target, checked against the model (see the module docstring).
 
@@ -266,7 +296,14 @@ class SequenceMachine(RuleBasedStateMachine):
         self.steps: list[list[str]] = []
         self.start = global_state()
         self.judged = True  # False once a declared deviation has shown
+        self.froze = False  # whether the build froze the objects alive then (see ``begin``)
         self.vmappable = False
+
+    def teardown(self) -> None:
+        """Unfreeze what the build froze, so the process collects it again."""
+        if self.froze:
+            gc.unfreeze()
+            self.froze = False
 
     # ---- build -----------------------------------------------------------------------
 
@@ -294,13 +331,17 @@ class SequenceMachine(RuleBasedStateMachine):
         before = self.model.snapshot()
         prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
                                         conversion.preserves_values)
-        outcome = attempt(lambda: self.target.apply(self.module, conversion.make_fn(),
-                                                    overwrite=flags.overwrite, swap=flags.swap))
+        open_values = not conversion.preserves_values
+        with defined_empty_memory(open_values):
+            outcome = attempt(lambda: self.target.apply(self.module, conversion.make_fn(),
+                                                        overwrite=flags.overwrite, swap=flags.swap))
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
             self.model.poisoned = True  # a rolled-back swap poisons autograd nodes too
         lines = repro.apply_lines(self.target, conversion.source("fn"), flags.overwrite,
                                   flags.swap)
+        if open_values:
+            lines = [*DEFINED_EMPTY_MEMORY_LINES[0], *lines, *DEFINED_EMPTY_MEMORY_LINES[1]]
         self.after(check, prediction, outcome, lines)
         if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
             self.model.stop_checking_hooks(range(len(self.model.tensors)))
@@ -554,9 +595,15 @@ class SequenceMachine(RuleBasedStateMachine):
         collected: a reference cycle left earlier (an exception's traceback holding an autograd
         graph) can keep a tensor's implementation referenced, and ``swap_tensors`` refuses such
         a tensor, so without it the step's outcome would depend on when Python's collector last
-        ran."""
+        ran. At the build, after that collection, what is alive is frozen (``gc.freeze``)
+        until the sequence ends, unless something else froze objects first: it was alive before
+        the sequence began, so it is no garbage of the sequence, and the sequence's own
+        collections then scan only what the sequence made."""
         if step in COLLECTING_STEPS:
             gc.collect()
+        if step == "build" and gc.get_freeze_count() == 0:
+            gc.freeze()
+            self.froze = True
         return StepCheck(self.property_id, self.target,
                          StepExample(self.module, step=step, **example))
 

@@ -42,11 +42,12 @@ ZOO = (
 # each names ONE_SHOT_PATHS, the one-shot property files of the half it changes, instead of PATHS.
 SEQUENCE_ZOO = (
     "grads_lost_after_training",
+    "memo_across_calls",
     "restore_first_seen",
 )
-# Wrong only in sequence too, but caught only beyond the CI budget (random runs, larger profiles):
-# measured by tests/zoo/measure_sequences.py, not asserted.
-SEQUENCE_ZOO_SLOW = ("memo_across_calls",)
+# Wrong only in sequence too, but caught only beyond the sequence zoo test's budget: measured by
+# tests/zoo/measure_sequences.py, not asserted.
+SEQUENCE_ZOO_SLOW: tuple[str, ...] = ()
 
 APPLY_PATHS = ("properties/test_apply.py", "properties/test_together.py")
 FC_PATHS = ("properties/test_functional_call.py", "properties/test_together.py")
