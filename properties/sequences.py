@@ -296,7 +296,14 @@ class SequenceMachine(RuleBasedStateMachine):
         self.steps: list[list[str]] = []
         self.start = global_state()
         self.judged = True  # False once a declared deviation has shown
-        self.froze = False  # whether the build froze the objects alive then (see ``begin``)
+        # What is alive before the sequence draws its module is no garbage of the sequence:
+        # frozen (``gc.freeze``) until its teardown, unless something else froze objects first,
+        # so the collections before its steps scan only what the sequence made. The module is
+        # drawn after, so a cycle that later holds one of its tensors is collected.
+        gc.collect()
+        self.froze = gc.get_freeze_count() == 0
+        if self.froze:
+            gc.freeze()
         self.vmappable = False
 
     def teardown(self) -> None:
@@ -595,15 +602,9 @@ class SequenceMachine(RuleBasedStateMachine):
         collected: a reference cycle left earlier (an exception's traceback holding an autograd
         graph) can keep a tensor's implementation referenced, and ``swap_tensors`` refuses such
         a tensor, so without it the step's outcome would depend on when Python's collector last
-        ran. At the build, after that collection, what is alive is frozen (``gc.freeze``)
-        until the sequence ends, unless something else froze objects first: it was alive before
-        the sequence began, so it is no garbage of the sequence, and the sequence's own
-        collections then scan only what the sequence made."""
+        ran. These collections scan only what the sequence made (see ``__init__``)."""
         if step in COLLECTING_STEPS:
             gc.collect()
-        if step == "build" and gc.get_freeze_count() == 0:
-            gc.freeze()
-            self.froze = True
         return StepCheck(self.property_id, self.target,
                          StepExample(self.module, step=step, **example))
 
