@@ -32,7 +32,9 @@ Options (each also read from an environment variable, then from the ini file):
   ``DirectoryBasedExampleDatabase`` there (a ``RedisExampleDatabase``), so a failure found by
   one run (a fuzzing campaign, another machine on a shared folder) replays in the next.
 - ``--swapspec-filter-rates``: print, for every property x target, the share of the test cases
-  Hypothesis generated that were invalid (filtered by ``assume``/``filter``).
+  Hypothesis generated that were invalid (filtered by ``assume``/``filter``), and why: each
+  rejected case's ``gave up because`` reason, counted (also in the JSON report's
+  ``filter_rates``).
 
 A failure's repro is printed as its own section of the failure report, between two separator
 lines and without pytest's ``E`` prefixes, ready to paste.
@@ -453,8 +455,9 @@ def _count_cases(item: pytest.Item) -> Iterator[None]:
     def note(stats: dict) -> None:
         cases = stats.get("generate-phase", {}).get("test-cases", [])
         statuses = Counter(case["status"] for case in cases)
+        reasons = Counter(invalid_reason(case) for case in cases if case["status"] == "invalid")
         item.swapspec_cases = {"cases": len(cases) - statuses["overrun"],
-                               "invalid": statuses["invalid"]}
+                               "invalid": statuses["invalid"], "reasons": dict(reasons)}
         if outer is not None:
             outer(stats)
 
@@ -704,26 +707,59 @@ def _column_blocks(table, targets, headers, cells, width) -> list[list[str]]:
     return blocks
 
 
-def filter_rates(results: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
-    """``{property: {target: {"cases": n, "invalid": k}}}``: the generate phase's test cases
-    of every test of that pair, summed, and how many of them were invalid."""
-    table: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+GAVE_UP = "gave up because: "
+REASON_LENGTH = 160
+
+
+def invalid_reason(case: dict) -> str:
+    """Why Hypothesis rejected one test case, from its ``gave up because:`` event, shortened:
+    an unsatisfied ``filter`` is named by its predicate (``...filter(predicate)``, not the
+    whole strategy's repr), and any reason is cut to ``REASON_LENGTH`` characters."""
+    events = [e for e in case.get("events", []) if isinstance(e, str) and e.startswith(GAVE_UP)]
+    if not events:
+        return "unknown"
+    reason = events[0][len(GAVE_UP):]
+    unsatisfied = re.match(r"(.*unable to satisfy ).*(\.filter\(.*\))$", reason, re.DOTALL)
+    if unsatisfied:
+        reason = unsatisfied[1] + "..." + unsatisfied[2]
+    return reason if len(reason) <= REASON_LENGTH else reason[:REASON_LENGTH - 3] + "..."
+
+
+def filter_rates(results: list[dict]) -> dict[str, dict[str, dict]]:
+    """``{property: {target: {"cases": n, "invalid": k, "reasons": {reason: count}}}}``: the
+    generate phase's test cases of every test of that pair, summed, how many of them were
+    invalid, and why (``invalid_reason``)."""
+    table: dict[str, dict[str, dict]] = defaultdict(dict)
     for r in results:
         if "cases" not in r:
             continue
-        cell = table[r["property"]].setdefault(r["target"], {"cases": 0, "invalid": 0})
+        cell = table[r["property"]].setdefault(r["target"],
+                                               {"cases": 0, "invalid": 0, "reasons": {}})
         cell["cases"] += r["cases"]["cases"]
         cell["invalid"] += r["cases"]["invalid"]
+        for reason, count in r["cases"].get("reasons", {}).items():
+            cell["reasons"][reason] = cell["reasons"].get(reason, 0) + count
     return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
 
 
-def render_rate(cell: dict[str, int]) -> str:
+def render_reasons(rates: dict[str, dict[str, dict]]) -> list[str]:
+    """One line per property x target with invalid cases: each reason and its count, most
+    common first."""
+    lines = []
+    for pid, row in rates.items():
+        for target, cell in row.items():
+            reasons = sorted(cell.get("reasons", {}).items(), key=lambda kv: (-kv[1], kv[0]))
+            lines += [f"{pid} [{target}] {count}x: {reason}" for reason, count in reasons]
+    return lines
+
+
+def render_rate(cell: dict) -> str:
     """``12.5% (5/40)``: the invalid share of the generate phase's test cases."""
     share = 100 * cell["invalid"] / cell["cases"] if cell["cases"] else 0.0
     return f"{share:.1f}% ({cell['invalid']}/{cell['cases']})"
 
 
-def render_rates(rates: dict[str, dict[str, dict[str, int]]]) -> list[str]:
+def render_rates(rates: dict[str, dict[str, dict]]) -> list[str]:
     """The filter-rate table as Markdown rows, property x target."""
     targets = sorted({t for row in rates.values() for t in row})
     lines = ["| property | " + " | ".join(targets) + " |",
@@ -782,6 +818,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_sep("=", "swapspec filter rates (invalid share of generated cases)")
         for line in render_rates(rates):
             terminalreporter.write_line(line)
+        reasons = render_reasons(rates)
+        if reasons:
+            terminalreporter.write_line("why invalid:")
+            for line in reasons:
+                terminalreporter.write_line(line)
     path = _option(config, "--swapspec-report", "SWAPSPEC_REPORT")
     if path:
         with open(path, "w") as f:

@@ -84,16 +84,20 @@ def labels(before, given=()):
 
 
 def describe(v, known=None):
-    """Which known object v is, if any, and its class, dtype, device, shape and values."""
+    """Which known object v is, if any, and its class, dtype, device, shape and values (a lazy
+    module's uninitialized tensor has neither shape nor values: 'uninitialized')."""
     if isinstance(v, BaseException):
         return "raised " + type(v).__name__
     if not isinstance(v, torch.Tensor):
         return repr(v) if v is None or isinstance(v, (bool, int, float, str)) else type(v).__name__
+    name = (known or {}).get(id(v), "a new object")
+    if isinstance(v, nn.parameter.UninitializedTensorMixin):
+        return (f"{name}: {type(v).__name__}({v.dtype}, {v.device.type}, uninitialized, "
+                f"requires_grad={v.requires_grad})")
     try:
         values = v.detach().to_dense().cpu().reshape(-1).tolist()
     except Exception:
         values = "?"
-    name = (known or {}).get(id(v), "a new object")
     return (f"{name}: {type(v).__name__}({v.dtype}, {v.device.type}, {tuple(v.shape)}, "
             f"requires_grad={v.requires_grad}) {values}")
 

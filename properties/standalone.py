@@ -300,8 +300,7 @@ def _world_lines(world: str) -> list[str]:
             "for mod in root.modules():",
             "    for table in (mod._parameters, mod._buffers):",
             "        for key, t in table.items():",
-            "            if t is None or isinstance(t, nn.parameter.UninitializedTensorMixin):",
-            "                continue",
+            *(_META_LAZY_LINES if world == "meta" else _SKIP_LAZY_LINES),
             "            if id(t) not in moved:",
             "                data = convert(t.detach(), isinstance(t, nn.Parameter))",
             "                if data is not None and isinstance(t, nn.Parameter) and not isinstance(data, nn.Parameter):",
@@ -310,6 +309,19 @@ def _world_lines(world: str) -> list[str]:
             "            table[key] = moved[id(t)][1]",
             "    if isinstance(mod, nn.RNNBase):",
             "        mod._init_flat_weights()"]
+
+
+# a lazy module's uninitialized tensors: left as they are, or (meta world) made again on meta
+_SKIP_LAZY_LINES = [
+    "            if t is None or isinstance(t, nn.parameter.UninitializedTensorMixin):",
+    "                continue"]
+_META_LAZY_LINES = [
+    "            if t is None:",
+    "                continue",
+    "            if isinstance(t, nn.parameter.UninitializedParameter) and id(t) not in moved:",
+    "                moved[id(t)] = (t, nn.parameter.UninitializedParameter(t.requires_grad, device='meta', dtype=t.dtype))",
+    "            elif isinstance(t, nn.parameter.UninitializedBuffer) and id(t) not in moved:",
+    "                moved[id(t)] = (t, nn.parameter.UninitializedBuffer(t.requires_grad, device='meta', dtype=t.dtype, persistent=t.persistent))"]
 
 
 def _decoration_lines(spec: TreeSpec) -> list[str]:

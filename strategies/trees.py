@@ -412,7 +412,9 @@ def move_to_world(root: nn.Module, world: str) -> None:
     Slots are rebound directly (torch's ``_apply`` is what the suite tests, so the builder never runs it):
     one tensor object stays one object in every slot that held it, parameters keep ``requires_grad``,
     and RNNs rebuild ``_flat_weights`` from the new parameters. Moved parameters carry no grad.
-    ``''`` changes nothing.
+    A lazy module's uninitialized tensors are made again on ``meta`` in the ``'meta'`` world (so its
+    first forward materializes them there, as under ``torch.device('meta')``) and stay as they are
+    in the other worlds. ``''`` changes nothing.
     """
     if not world:
         return
@@ -421,10 +423,11 @@ def move_to_world(root: nn.Module, world: str) -> None:
     for module in root.modules():
         for slots in (module._parameters, module._buffers):
             for name, t in slots.items():
-                if t is None or isinstance(t, nn.parameter.UninitializedTensorMixin):
+                lazy = isinstance(t, nn.parameter.UninitializedTensorMixin)
+                if t is None or (lazy and world != "meta"):
                     continue
                 if id(t) not in moved:
-                    moved[id(t)] = (t, _moved(t, convert))
+                    moved[id(t)] = (t, uninitialized_on_meta(t) if lazy else _moved(t, convert))
                 slots[name] = moved[id(t)][1]
         if isinstance(module, nn.RNNBase):
             module._init_flat_weights()
@@ -440,6 +443,15 @@ def _moved(t: Tensor, convert: Any) -> Tensor:
     if not is_param:
         return data
     return data if isinstance(data, nn.Parameter) else nn.Parameter(data, requires_grad=t.requires_grad)
+
+
+def uninitialized_on_meta(t: Tensor) -> Tensor:
+    """A new uninitialized parameter or buffer like ``t`` (dtype, ``requires_grad``, a buffer's
+    ``persistent``) whose data is on ``meta``, so it materializes there."""
+    if isinstance(t, nn.parameter.UninitializedParameter):
+        return nn.parameter.UninitializedParameter(t.requires_grad, device="meta", dtype=t.dtype)
+    return nn.parameter.UninitializedBuffer(t.requires_grad, device="meta", dtype=t.dtype,
+                                            persistent=t.persistent)
 
 
 def _meta_maker() -> Any:

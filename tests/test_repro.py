@@ -216,3 +216,20 @@ def test_plain_torch_builder_rebuilds_the_drawn_tree(module):
     """``build_source`` builds, without swapspec, the tree ``build_tree`` builds: the same names,
     classes, values, grads, ties, modules and forward."""
     _same_tree(_built_from_source(module), tree_info(module).build())
+
+
+def test_repro_helpers_describe_a_lazy_leaf_before_and_after_its_forward():
+    """A repro's helpers describe an uninitialized tensor without reading its shape (which
+    raises), in the module's state and in forward's first view, and its shape once
+    materialized."""
+    from swapspec.properties.repro import HELPERS
+
+    helpers: dict[str, Any] = {}
+    exec(compile("\n".join([*standalone.IMPORTS, HELPERS]), "<helpers>", "exec"), helpers)
+    module = torch.nn.Sequential(torch.nn.LazyLinear(2))
+    seen = helpers["watch"](module, {}, {})
+    before = helpers["state"](module, helpers["snapshot"](module))
+    assert "uninitialized" in before["0.weight"]
+    module(torch.ones(1, 3))
+    assert seen["forward ran"] and "uninitialized" in seen["0.weight"]
+    assert "(2, 3)" in helpers["describe"](module[0].weight)

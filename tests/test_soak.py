@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from swapspec.properties import soak
-from swapspec.properties.plugin import call_times, filter_rates, render_rate, render_times
+from swapspec.properties.plugin import (
+    call_times,
+    filter_rates,
+    invalid_reason,
+    render_rate,
+    render_reasons,
+    render_times,
+)
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="3">
@@ -67,11 +74,15 @@ def test_the_summary_counts_failed_runs_and_lists_each_failure():
 
 def test_filter_rates_sum_every_test_of_a_pair_and_skip_reports_without_counts():
     results = [
-        {"property": "P", "target": "t", "cases": {"cases": 30, "invalid": 5}},
-        {"property": "P", "target": "t", "cases": {"cases": 10, "invalid": 1}},
+        {"property": "P", "target": "t",
+         "cases": {"cases": 30, "invalid": 5, "reasons": {"a": 4, "b": 1}}},
+        {"property": "P", "target": "t", "cases": {"cases": 10, "invalid": 1, "reasons": {"a": 1}}},
+        {"property": "P", "target": "v", "cases": {"cases": 10, "invalid": 0}},  # an older report
         {"property": "P", "target": "u"},
     ]
-    assert filter_rates(results) == {"P": {"t": {"cases": 40, "invalid": 6}}}
+    assert filter_rates(results) == {"P": {
+        "t": {"cases": 40, "invalid": 6, "reasons": {"a": 5, "b": 1}},
+        "v": {"cases": 10, "invalid": 0, "reasons": {}}}}
     assert render_rate({"cases": 40, "invalid": 6}) == "15.0% (6/40)"
     assert render_rate({"cases": 0, "invalid": 0}) == "0.0% (0/0)"
 
@@ -86,3 +97,23 @@ def test_call_times_sum_every_test_of_a_pair_and_render_in_seconds():
     assert call_times(results) == {"P": {"t": 1.75, "u": 2.0}}
     assert render_times({"P": {"t": 1.75}, "Q": {"u": 2.0}}) == [
         "| property | t | u |", "|---|---:|---:|", "| `P` | 1.8 | - |", "| `Q` | - | 2.0 |"]
+
+
+def test_invalid_reason_names_an_unsatisfied_filter_by_its_predicate():
+    unsatisfied = ("gave up because: Aborted test because unable to satisfy "
+                   "sampled_from([Rule(function=tie, arguments={'data': data()})])"
+                   ".filter(RuleStrategy(machine=M({...}))._rule_is_enabled)")
+    case = {"status": "invalid", "events": ["Retried draw to satisfy filter", unsatisfied]}
+    assert invalid_reason(case) == ("Aborted test because unable to satisfy "
+                                    "....filter(RuleStrategy(machine=M({...}))._rule_is_enabled)")
+    assume = "gave up because: failed to satisfy assume() in f (line 3)"
+    assert invalid_reason({"events": [assume]}) == "failed to satisfy assume() in f (line 3)"
+    assert invalid_reason({"events": ["tree: depth=1"]}) == "unknown"
+    long = invalid_reason({"events": ["gave up because: " + "x" * 500]})
+    assert len(long) == 160 and long.endswith("...")
+
+
+def test_render_reasons_lists_each_cell_most_common_reason_first():
+    rates = {"P": {"t": {"cases": 40, "invalid": 6, "reasons": {"a": 1, "b": 5}},
+                   "u": {"cases": 40, "invalid": 0, "reasons": {}}}}
+    assert render_reasons(rates) == ["P [t] 5x: b", "P [t] 1x: a"]

@@ -25,6 +25,7 @@ from swapspec.strategies.trees import (
     TieSpec,
     TreeSpec,
     build_tree,
+    move_to_world,
     tree_info,
 )
 from tests.helpers_modules import flag_settings
@@ -206,3 +207,41 @@ def test_standalone_repro_builds_the_same_world(world, dtensor_group):
     rebuilt = _built_from_source(module)
     _same_tree(rebuilt, build_tree(tree_info(module).spec))
     assert type(rebuilt[0].p0) is type(module[0].p0)
+
+
+def test_meta_world_remakes_lazy_tensors_on_meta_so_forward_materializes_there():
+    """A lazy module moved to the meta world holds uninitialized tensors on meta, as under
+    ``torch.device('meta')``: one object per tie, ``requires_grad`` and ``persistent`` kept, and
+    its first forward on a meta input materializes them on meta."""
+    root = nn.Sequential(nn.LazyLinear(3), nn.LazyBatchNorm1d())
+    root[1].register_buffer("alias", root[1].running_mean, persistent=False)
+    move_to_world(root, "meta")
+    linear, norm = root
+    assert isinstance(linear.weight, nn.parameter.UninitializedParameter)
+    assert linear.weight.device.type == "meta" and linear.weight.requires_grad
+    assert isinstance(norm.running_mean, nn.parameter.UninitializedBuffer)
+    assert norm.running_mean.device.type == "meta" and norm.running_mean.persistent
+    assert norm.alias is norm.running_mean, "a tie must stay one object"
+    out = root(torch.empty(2, 4, device="meta"))
+    assert out.device.type == "meta"
+    assert linear.weight.device.type == "meta" and tuple(linear.weight.shape) == (3, 4)
+
+
+@pytest.mark.parametrize("world", ["fake", "two-tensor"])
+def test_other_worlds_leave_lazy_tensors_as_they_are(world):
+    root = nn.Sequential(nn.LazyLinear(3))
+    weight = root[0].weight
+    move_to_world(root, world)
+    assert root[0].weight is weight
+
+
+def test_standalone_repro_builds_a_lazy_leaf_on_meta():
+    from tests.test_repro import _built_from_source
+
+    module = build_tree(TreeSpec(root=ContainerSpec(children=(LeafSpec(kind="LazyLinear"),)),
+                                 world="meta"))
+    rebuilt = _built_from_source(module)
+    weight = rebuilt[0].weight
+    assert isinstance(weight, nn.parameter.UninitializedParameter) and weight.device.type == "meta"
+    assert rebuilt(torch.empty(2, 4, device="meta")).device.type == "meta"
+    assert rebuilt[0].weight.device.type == "meta"
