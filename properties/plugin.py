@@ -35,6 +35,8 @@ Options (each also read from an environment variable, then from the ini file):
   Hypothesis generated that were invalid (filtered by ``assume``/``filter``), and why: each
   rejected case's ``gave up because`` reason, counted (also in the JSON report's
   ``filter_rates``).
+- ``--swapspec-reproduce`` (no variable: a blob never lingers in an environment): the
+  ``@reproduce_failure(...)`` line a failure printed, replayed on the one property test selected.
 
 A failure's repro is printed as its own section of the failure report, between two separator
 lines and without pytest's ``E`` prefixes, ready to paste.
