@@ -35,6 +35,8 @@ Options (each also read from an environment variable, then from the ini file):
   Hypothesis generated that were invalid (filtered by ``assume``/``filter``), and why: each
   rejected case's ``gave up because`` reason, counted (also in the JSON report's
   ``filter_rates``).
+- ``--swapspec-reproduce`` (no variable: a blob never lingers in an environment): the
+  ``@reproduce_failure(...)`` line a failure printed, replayed on the one property test selected.
 
 A failure's repro is printed as its own section of the failure report, between two separator
 lines and without pytest's ``E`` prefixes, ready to paste.
@@ -56,7 +58,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, reproduce_failure, settings
 
 from swapspec import reference
 from swapspec.properties import crashes, deviations, plugged
@@ -101,6 +103,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="print each property x target's share of invalid generated test cases")
     group.addoption("--swapspec-property", default=None,
                     help="run only these property IDs (comma-separated, e.g. FC-TIES,APPLY-TIES)")
+    group.addoption("--swapspec-reproduce", default=None, metavar="DECORATOR",
+                    help="replay one failure exactly: the @reproduce_failure('V', b'...') line a "
+                         "failure printed, applied to the one property test selected")
     parser.addini("swapspec_target", "default target(s) when neither --swapspec-target nor "
                   "SWAPSPEC_TARGET is given", default="")
 
@@ -222,6 +227,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep = [item for item in items if property_id(item) in ids or property_id(item) is None]
     config.hook.pytest_deselected(items=[item for item in items if item not in keep])
     items[:] = keep
+
+
+REPRODUCE = re.compile(r"@?reproduce_failure\(\s*(['\"])([^'\"]+)\1\s*,\s*b(['\"])([^'\"]+)\3\s*\)")
+
+
+def reproduce_arguments(text: str) -> tuple[str, bytes]:
+    """``(version, blob)`` of the ``@reproduce_failure('6.170.17', b'AXic...')`` line Hypothesis
+    prints for a failure (a usage error for anything else)."""
+    match = REPRODUCE.fullmatch(text.strip())
+    if match is None:
+        raise pytest.UsageError("swapspec: --swapspec-reproduce wants the line a failure printed, "
+                                f"@reproduce_failure('VERSION', b'BLOB'); got {text!r}")
+    return match[2], match[4].encode()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """``--swapspec-reproduce``: replay the given failure on the one selected property test.
+
+    A blob replays the failing example's choices exactly; a ``--hypothesis-seed`` replays it
+    only where Hypothesis draws from the same pool of constants, which it collects from the
+    local modules loaded (so selecting other test files changes the examples)."""
+    text = session.config.getoption("--swapspec-reproduce")
+    if not text:
+        return
+    version, blob = reproduce_arguments(text)
+    chosen = [item for item in session.items if is_property_test(item)]
+    if len(chosen) != 1:
+        raise pytest.UsageError("swapspec: --swapspec-reproduce replays one property test; "
+                                f"{len(chosen)} are selected (give the failed test's id)")
+    test = getattr(chosen[0].obj, "__func__", chosen[0].obj)
+    reproduce_failure(version, blob)(test)
 
 
 def property_id(item: pytest.Item) -> str | None:

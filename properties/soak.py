@@ -5,7 +5,7 @@
 new ``--hypothesis-seed``, alternating ``--swapspec-profile=swapspec-dev`` (even runs) and no
 profile at all (odd runs: Hypothesis' own default profile, as a user's plain run has). It
 prints one line per run, then the number of runs and of failures, and for each failure its
-test, seed, profile, ``@reproduce_failure`` blob and the command that replays it. It exits 1
+test, seed, profile, ``@reproduce_failure`` blob and the commands that replay it. It exits 1
 if any run failed (a health check, a false positive, a crash: on a correct target every
 failure is a bug of the suite), 0 otherwise.
 """
@@ -70,9 +70,22 @@ def pytest_command(seed: int, profile: str | None, target: str, junit: str,
 
 
 def replay_command(failure: Failure, target: str) -> str:
-    """A shell command that reruns the failed test with the failing run's seed and profile."""
-    profile = f" --swapspec-profile={failure.profile}" if failure.profile else ""
+    """A shell command that replays the failure exactly: the failed test alone, given its
+    ``@reproduce_failure`` blob (``--swapspec-reproduce``); without a blob, the seed command."""
+    if failure.blob is None:
+        return seed_command(failure, target)
     return (f"PYTHONHASHSEED=0 pytest '{failure.test}' --swapspec-target={target} "
+            f"--swapspec-reproduce=\"{failure.blob}\"")
+
+
+def seed_command(failure: Failure, target: str) -> str:
+    """A shell command that reruns the failed test with the run's seed and profile. It collects
+    every property file, as the soak run did: Hypothesis draws some values from constants it
+    finds in the local modules loaded, so the same seed with fewer files collected draws other
+    examples."""
+    profile = f" --swapspec-profile={failure.profile}" if failure.profile else ""
+    name = failure.test.rpartition("::")[2]
+    return (f"PYTHONHASHSEED=0 pytest properties -k '{name}' --swapspec-target={target} "
             f"--hypothesis-seed={failure.seed}{profile}")
 
 
@@ -148,6 +161,8 @@ def summary(runs: list[Run], target: str) -> list[str]:
                   f"  {f.message}",
                   f"  blob: {f.blob or '(none printed)'}",
                   f"  replay: {replay_command(f, target)}"]
+        if f.blob is not None:
+            lines.append(f"  replay by seed: {seed_command(f, target)}")
     return lines
 
 

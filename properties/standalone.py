@@ -321,7 +321,8 @@ _META_LAZY_LINES = [
     "            if isinstance(t, nn.parameter.UninitializedParameter) and id(t) not in moved:",
     "                moved[id(t)] = (t, nn.parameter.UninitializedParameter(t.requires_grad, device='meta', dtype=t.dtype))",
     "            elif isinstance(t, nn.parameter.UninitializedBuffer) and id(t) not in moved:",
-    "                moved[id(t)] = (t, nn.parameter.UninitializedBuffer(t.requires_grad, device='meta', dtype=t.dtype, persistent=t.persistent))"]
+    "                persistent = {'persistent': t.persistent} if hasattr(t, 'persistent') else {}",
+    "                moved[id(t)] = (t, nn.parameter.UninitializedBuffer(t.requires_grad, device='meta', dtype=t.dtype, **persistent))"]
 
 
 def _decoration_lines(spec: TreeSpec) -> list[str]:

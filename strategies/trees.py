@@ -447,11 +447,13 @@ def _moved(t: Tensor, convert: Any) -> Tensor:
 
 def uninitialized_on_meta(t: Tensor) -> Tensor:
     """A new uninitialized parameter or buffer like ``t`` (dtype, ``requires_grad``, a buffer's
-    ``persistent``) whose data is on ``meta``, so it materializes there."""
+    ``persistent`` where torch has it: 2.5 and later) whose data is on ``meta``, so it
+    materializes there."""
     if isinstance(t, nn.parameter.UninitializedParameter):
         return nn.parameter.UninitializedParameter(t.requires_grad, device="meta", dtype=t.dtype)
+    persistent = {"persistent": t.persistent} if hasattr(t, "persistent") else {}
     return nn.parameter.UninitializedBuffer(t.requires_grad, device="meta", dtype=t.dtype,
-                                            persistent=t.persistent)
+                                            **persistent)
 
 
 def _meta_maker() -> Any:

@@ -184,6 +184,26 @@ def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
     compile(repro, "repro", "exec")  # nothing of Hypothesis' text is inside it
 
 
+def test_the_printed_blob_replays_the_failure_on_its_one_test(planted, tmp_path):
+    """``--swapspec-reproduce`` with the ``@reproduce_failure`` line a failure printed replays that
+    example in a fresh process; it wants exactly one property test and the line as printed."""
+    blob = re.search(r"@reproduce_failure\([^)]*\)", _failure_text(planted, "broken-tie-split"))
+    assert blob is not None, "a property failure prints its blob"
+    test = f"{TIES}[broken-tie-split]"
+    target = f"--swapspec-target={PLANTED}:tie_split"
+    replay = run_pytest(tmp_path, test, target, f"--swapspec-reproduce={blob[0]}")
+    assert replay.returncode == 1, replay.output[-3000:]
+    assert "broken rule [parameter-tie-split]" in replay.output
+    both = run_pytest(tmp_path, test, f"{TIES}[reference]",
+                      f"--swapspec-target=reference,{PLANTED}:tie_split",
+                      f"--swapspec-reproduce={blob[0]}")
+    assert both.returncode == pytest.ExitCode.USAGE_ERROR, both.output[-2000:]
+    assert "replays one property test; 2 are selected" in both.stderr
+    bad = run_pytest(tmp_path, test, target, "--swapspec-reproduce=AXic")
+    assert bad.returncode == pytest.ExitCode.USAGE_ERROR, bad.output[-2000:]
+    assert "wants the line a failure printed" in bad.stderr
+
+
 def test_printed_repro_is_the_file_written_to_the_repro_dir(planted):
     section = planted.stdout.split("_ test_apply_keeps_ties[broken-tie-split] _", 1)[1]
     written = planted.repro_dir / "test_apply_keeps_ties-broken-tie-split.py"

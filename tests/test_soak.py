@@ -56,11 +56,24 @@ def test_a_missing_report_is_no_tests_and_no_failures(tmp_path):
     assert soak.failures_in(tmp_path / "absent.xml", 1, None) == (0, [])
 
 
-def test_the_replay_command_names_seed_profile_and_target():
+def test_the_replay_command_without_a_blob_reruns_every_property_file_with_the_seed():
     failure = soak.Failure("properties/test_apply.py::t[reference]", 9, "swapspec-dev", None, "x")
     command = soak.replay_command(failure, "reference")
+    assert command == soak.seed_command(failure, "reference")
+    assert "pytest properties -k 't[reference]'" in command
     assert "--hypothesis-seed=9" in command and "--swapspec-profile=swapspec-dev" in command
-    assert "'properties/test_apply.py::t[reference]'" in command
+    assert "--swapspec-target=reference" in command
+
+
+def test_the_replay_command_with_a_blob_replays_the_one_test_exactly():
+    blob = "@reproduce_failure('6.170.17', b'AXic')"
+    failure = soak.Failure("properties/test_apply.py::t[reference]", 9, None, blob, "x")
+    command = soak.replay_command(failure, "reference")
+    assert command == ("PYTHONHASHSEED=0 pytest 'properties/test_apply.py::t[reference]' "
+                       f'--swapspec-target=reference --swapspec-reproduce="{blob}"')
+    lines = soak.summary([soak.Run(0, 9, None, 1, 1.0, 3, [failure])], "reference")
+    assert f"  replay: {command}" in lines
+    assert f"  replay by seed: {soak.seed_command(failure, 'reference')}" in lines
 
 
 def test_the_summary_counts_failed_runs_and_lists_each_failure():
