@@ -97,7 +97,14 @@ def load_state_dict(
        (through ``setattr`` for parameters, so an RNN's flat weights follow) and every tensor its
        class, attributes, ``.data``, values, ``requires_grad`` and grad, ``set_extra_state`` gets
        the old extra state, and a given Parameter gets its ``requires_grad`` back. Side effects of
-       hooks and overrides outside the module's tensors are theirs.
+       hooks and overrides outside the module's tensors are theirs. The traversal only plans
+       the writes (``_Load.flush`` makes them, in its order, after it has found no error, and
+       before the post hooks of a module that has any, so those see the loaded values as
+       torch's do): a load that fails on its input (rules 3, 6, 7) writes nothing. On the swap
+       path that is what keeps the module usable: ``swap_tensors`` makes the autograd node of a
+       tensor it swaps raise when run, if a graph still holds it (``backward(create_graph=True)``
+       leaves one in the grad), so a swap undone by swapping back would break the next
+       backward.
     9. Old-style reparametrizations (``torch.nn.utils.weight_norm``, ``spectral_norm``,
        ``prune``) on the swap path (*spec*): their computed attribute holds an autograd graph
        over the parameters, which ``swap_tensors`` refuses, so it is dropped before the load
@@ -127,6 +134,8 @@ def _load_atomically(load: _Load, module: nn.Module, state_dict: Mapping[str, An
                       if isinstance(v, Tensor) and not is_lazy(v)}
         with _routed_to(load):
             load.visit(module, copy, "")
+        if not load.failing(strict):
+            load.flush()
         load.raise_errors(strict)
     except BaseException:
         load.undo()
@@ -180,8 +189,20 @@ class _Loaded:
 
 
 @dataclass
+class _Write:
+    """Rule 4: one slot's write, planned during the traversal and made by ``_Load.flush``."""
+
+    key: str
+    tensor: Tensor
+    value: Tensor
+    path: str
+    assign: bool
+
+
+@dataclass
 class _Load:
-    """One call's state: torch's three lists, the tie table and the undo log."""
+    """One call's state: torch's three lists, the tie table, the planned writes and the undo
+    log."""
 
     root: nn.Module
     swap: bool
@@ -190,6 +211,7 @@ class _Load:
     unexpected_keys: list[str] = field(default_factory=list)
     error_msgs: list[str] = field(default_factory=list)
     loaded: dict[int, _Loaded] = field(default_factory=dict)
+    pending: list[_Write] = field(default_factory=list)
     undo_log: list[Callable[[], None]] = field(default_factory=list)
     metadata: Any = None  # the state dict's ``_metadata``
     given: dict[int, Any] = field(default_factory=dict)  # id -> a copy of each given tensor
@@ -212,6 +234,8 @@ class _Load:
                 child_state_dict = {k: v for k, v in local_state_dict.items()
                                     if k.startswith(child_prefix)}
                 self.visit(child, child_state_dict, child_prefix)
+        if module._load_state_dict_post_hooks:
+            self.flush()  # a post hook sees the loaded values, as torch's do
         incompatible_keys = _IncompatibleKeys(self.missing_keys, self.unexpected_keys)
         for hook in module._load_state_dict_post_hooks.values():
             if hook(module, incompatible_keys) is not None:
@@ -265,17 +289,29 @@ class _Load:
         if self.already_loaded(tensor, key, value):
             return
         path = choose_load_path(swap=self.swap, assign=assign)
-        try:
-            with torch.no_grad():
-                result = self._write(tensor, value, path, assign)
-        except Exception as ex:
-            action = "swapping" if path == SWAP else "copying"
-            self.error_msgs.append(
-                f'While {action} the parameter named "{key}", whose dimensions in the model are '
-                f"{tensor.size()} and whose dimensions in the checkpoint are {value.size()}, "
-                f"an exception occurred : {ex.args}.")
-            return
-        self.loaded[id(tensor)] = self.loaded[id(result)] = _Loaded(key, value, result)
+        self.loaded[id(tensor)] = _Loaded(key, value, tensor)
+        self.pending.append(_Write(key, tensor, value, path, assign))
+
+    def flush(self) -> None:
+        """Rule 4: make the planned writes, in the traversal's order; a write that raises is
+        an entry of torch's error list."""
+        writes, self.pending = self.pending, []
+        for w in writes:
+            try:
+                with torch.no_grad():
+                    result = self._write(w.tensor, w.value, w.path, w.assign)
+            except Exception as ex:
+                action = "swapping" if w.path == SWAP else "copying"
+                self.error_msgs.append(
+                    f'While {action} the parameter named "{w.key}", whose dimensions in the '
+                    f"model are {w.tensor.size()} and whose dimensions in the checkpoint are "
+                    f"{w.value.size()}, an exception occurred : {ex.args}.")
+                continue
+            self.loaded[id(result)] = _Loaded(w.key, w.value, result)
+
+    def failing(self, strict: bool) -> bool:
+        """Rule 7: whether the errors found so far fail the load."""
+        return bool(self.error_msgs) or (strict and bool(self.missing_keys or self.unexpected_keys))
 
     def already_loaded(self, tensor: Tensor, key: str, value: Any) -> bool:
         """Rule 6: whether an earlier key loaded this object; a different value is an error."""

@@ -925,3 +925,26 @@ def test_key_model_counts_the_missing_keys_old_spectral_norm_adds(dropped, metad
         reference_keys = reference.load_state_dict(build(), given, strict=False)
     model = key_model(build(), given)
     assert sorted(torch_keys.missing_keys) == sorted(reference_keys.missing_keys) == sorted(model.missing)
+
+
+@pytest.mark.parametrize("bad", ["0.weight", "1.bias", "missing"])
+def test_rule8_a_load_failing_on_its_input_swaps_nothing_so_backward_still_runs(bad):
+    """After ``backward(create_graph=True)`` through two layers each grad holds a graph over
+    the other layer's autograd nodes, and a swap marks those unusable. A swap-path load that
+    fails on its input (a wrong shape at the first key or the last, a missing key) writes
+    nothing, so the next backward runs."""
+    module = nn.Sequential(linear(), linear())
+    module(torch.ones(1, 3)).sum().backward(create_graph=True)
+    before = snapshot(module)
+    impls = {name: p._cdata for name, p in module.named_parameters()}
+    state_dict = {k: v.clone() for k, v in module.state_dict().items()}
+    if bad == "missing":
+        del state_dict["1.weight"]
+    else:
+        state_dict[bad] = torch.zeros(5)
+    message = "Missing key" if bad == "missing" else f"size mismatch for {bad}"
+    with pytest.raises(RuntimeError, match=message):
+        load(module, state_dict, swap=True)
+    assert {name: p._cdata for name, p in module.named_parameters()} == impls
+    assert_unchanged(before, module)
+    module(torch.ones(1, 3)).sum().backward()
