@@ -257,6 +257,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError("swapspec: --swapspec-reproduce replays one property test; "
                                 f"{len(chosen)} are selected (give the failed test's id)")
     test = getattr(chosen[0].obj, "__func__", chosen[0].obj)
+    if getattr(test, "hypothesis", None) is None:
+        raise pytest.UsageError("swapspec: --swapspec-reproduce replays a @given property; a "
+                                "sequence (SEQ-) failure replays by its seed: pytest properties "
+                                "-k NAME --swapspec-target=T --hypothesis-seed=SEED")
     reproduce_failure(version, blob)(test)
 
 

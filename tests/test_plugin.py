@@ -202,6 +202,10 @@ def test_the_printed_blob_replays_the_failure_on_its_one_test(planted, tmp_path)
     bad = run_pytest(tmp_path, test, target, "--swapspec-reproduce=AXic")
     assert bad.returncode == pytest.ExitCode.USAGE_ERROR, bad.output[-2000:]
     assert "wants the line a failure printed" in bad.stderr
+    sequence = run_pytest(tmp_path, "properties/test_sequences.py::test_sequence_state[reference]",
+                          "--swapspec-target=reference", f"--swapspec-reproduce={blob[0]}")
+    assert sequence.returncode == pytest.ExitCode.USAGE_ERROR, sequence.output[-2000:]
+    assert "a sequence (SEQ-) failure replays by its seed" in sequence.stderr
 
 
 def test_printed_repro_is_the_file_written_to_the_repro_dir(planted):

@@ -27,7 +27,8 @@ PATHS = LOAD_PATHS
 
 def load_state_dict(module: nn.Module, state_dict: Any, *, strict: bool = True,
                     assign: bool = False, swap: bool) -> Any:
-    """The reference's load without its snapshot and undo log (the bug)."""
+    """The reference's load, but every valid key is written though the load fails, and
+    nothing is undone: no snapshot, no undo log (the bug)."""
     load = ref_load._Load(module, swap=swap, assign=assign)
     copy = ref_load._copied(state_dict)
     load.metadata = getattr(copy, "_metadata", None)
@@ -35,6 +36,7 @@ def load_state_dict(module: nn.Module, state_dict: Any, *, strict: bool = True,
                   if isinstance(v, Tensor) and not ref_load.is_lazy(v)}
     with ref_load._routed_to(load):
         load.visit(module, copy, "")
+    load.flush()
     load.raise_errors(strict)
     return _IncompatibleKeys(load.missing_keys, load.unexpected_keys)
 
