@@ -52,6 +52,24 @@ class Run:
     seconds: float
     tests: int
     failures: list[Failure]
+    code: str = "unknown"  # the state of the code it ran (``code_state``)
+
+
+def code_state(checkout: Path = PROPERTIES_DIR.parent) -> str:
+    """The state of the code a run tests: the checkout's git commit, with ``+dirty`` when its
+    tracked files differ from that commit; ``unknown`` outside a git checkout (an installed
+    wheel). Runs of one state can be counted together."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
+
+    try:
+        head = git("rev-parse", "--verify", "HEAD")
+    except OSError:  # no git on this machine
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    dirty = git("diff", "--quiet", "HEAD").returncode != 0
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def profile_of(index: int) -> str | None:
@@ -117,7 +135,7 @@ def _headline(element: ET.Element) -> str:
 
 
 def soak_once(index: int, target: str, extra: list[str], timeout: float,
-              profile: str | None = None) -> Run:
+              profile: str | None = None, code: str = "unknown") -> Run:
     """One run with a fresh seed (and ``profile``, else the alternation's); a run that fails
     without a JUnit failure (a crash, a usage error, a timeout) counts as one failure of the
     whole run."""
@@ -138,7 +156,7 @@ def soak_once(index: int, target: str, extra: list[str], timeout: float,
     if returncode not in (0,) and not failures:
         tail = "\n".join(output.strip().splitlines()[-5:])
         failures = [Failure("<run>", seed, profile, None, f"pytest exit code {returncode}: {tail}")]
-    return Run(index, seed, profile, returncode, seconds, tests, failures)
+    return Run(index, seed, profile, returncode, seconds, tests, failures, code)
 
 
 def describe(run: Run, total: int) -> str:
@@ -151,8 +169,9 @@ def summary(runs: list[Run], target: str) -> list[str]:
     """The final lines: counts, then every failure with its seed, blob and replay command."""
     failures = [f for r in runs for f in r.failures]
     seconds = [r.seconds for r in runs]
+    codes = sorted({r.code for r in runs})
     lines = [f"soak: {len(runs)} runs against {target}, {sum(1 for r in runs if r.failures)} "
-             f"failed, {len(failures)} failures"]
+             f"failed, {len(failures)} failures; code {', '.join(codes) or 'unknown'}"]
     if seconds:
         lines.append(f"soak: run time {min(seconds):.1f}-{max(seconds):.1f} s, "
                      f"mean {sum(seconds) / len(seconds):.1f} s")
@@ -179,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)
-    runs = []
+    runs, code = [], code_state()
+    print(f"soak: code {code}", flush=True)
     for index in range(args.runs):
-        run = soak_once(index, args.target, extra, args.timeout, args.profile)
+        run = soak_once(index, args.target, extra, args.timeout, args.profile, code)
         runs.append(run)
         print(describe(run, args.runs), flush=True)
         for f in run.failures:

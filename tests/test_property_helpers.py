@@ -149,3 +149,34 @@ def test_the_copy_judges_own_tensors_by_the_module_before_the_call():
     assert copy[1].b1 is not copy[0].steps and same_values(copy[1].b1, fresh)
     unjudged, _ = loaded_copy(module, filled_of(module, c), c)
     assert not same_values(unjudged[1].b1, fresh)  # judged by the module now: its own slot
+
+
+def meta_transformer_encoder() -> torch.nn.Module:
+    """A ``meta``-world tree whose forward calls ``.item()`` (``nn.TransformerEncoder`` in
+    training mode), which no ``meta`` tensor allows."""
+    return build_tree(TreeSpec(root=ContainerSpec(children=(
+        LeafSpec(kind="catalogue", entry="nn.TransformerEncoder", variant=22),)),
+        training=True, world="meta"))
+
+
+def test_a_forward_the_tree_cannot_run_is_not_the_conversions_fault():
+    from swapspec.properties.test_apply_training import _backward, fails_without_the_conversion
+
+    module = meta_transformer_encoder()
+    reference.apply(module, lambda t: t.float() if t.is_floating_point() else t)
+    ran = _backward(module, X)
+    assert ran.error is not None, "the meta-world encoder's forward was expected to raise"
+    assert fails_without_the_conversion(module, X, ran), (
+        f"a fresh build fails alike ({type(ran.error).__name__}), so the conversion is not to blame")
+
+
+def test_a_forward_only_the_converted_module_fails_is_the_conversions_fault():
+    from swapspec.properties.common import Outcome
+    from swapspec.properties.test_apply_training import _backward, fails_without_the_conversion
+
+    module = build_tree(TreeSpec(root=LeafSpec(kind="Linear")))
+    assert _backward(module, X).error is None
+    assert not fails_without_the_conversion(module, X, Outcome())
+    broken = Outcome(error=RuntimeError("the converted module lost its weight"))
+    assert not fails_without_the_conversion(module, X, broken), (
+        "a fresh build runs, so an error only the converted module raises is the conversion's")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+
+import pytest
+
 from swapspec.properties import soak
 from swapspec.properties.plugin import (
     call_times,
@@ -80,9 +85,25 @@ def test_the_summary_counts_failed_runs_and_lists_each_failure():
     bad = soak.Failure("p::t", 5, None, "@reproduce_failure('v', b'x')", "boom")
     runs = [soak.Run(0, 1, "swapspec-dev", 0, 1.0, 3, []), soak.Run(1, 5, None, 1, 2.0, 3, [bad])]
     lines = soak.summary(runs, "reference")
-    assert lines[0] == "soak: 2 runs against reference, 1 failed, 1 failures"
+    assert lines[0] == "soak: 2 runs against reference, 1 failed, 1 failures; code unknown"
     assert any("FAILURE p::t seed=5 profile=default" in line for line in lines)
     assert any("@reproduce_failure('v', b'x')" in line for line in lines)
+
+
+def test_the_summary_names_every_state_of_the_code_its_runs_tested():
+    runs = [soak.Run(0, 1, None, 0, 1.0, 3, [], "abc"), soak.Run(1, 2, None, 0, 1.0, 3, [], "abc+dirty")]
+    assert soak.summary(runs, "reference")[0].endswith("; code abc, abc+dirty")
+
+
+def test_the_code_state_is_the_checkouts_commit_and_unknown_outside_git(tmp_path):
+    state = soak.code_state()
+    commit = subprocess.run(["git", "-C", str(soak.PROPERTIES_DIR.parent), "rev-parse", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    if not commit:
+        pytest.skip("this checkout is not a git repository (an unpacked sdist)")
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", state), state
+    assert state.split("+")[0] == commit
+    assert soak.code_state(tmp_path) == "unknown"
 
 
 def test_filter_rates_sum_every_test_of_a_pair_and_skip_reports_without_counts():
