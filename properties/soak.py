@@ -57,7 +57,7 @@ class Run:
 
 def code_state(checkout: Path = PROPERTIES_DIR.parent) -> str:
     """The state of the code a run tests: the checkout's git commit, with ``+dirty`` when its
-    tracked files differ from that commit; ``unknown`` outside a git checkout (an installed
+    tracked files other than Markdown documents differ from that commit; ``unknown`` outside a git checkout (an installed
     wheel). Runs of one state can be counted together."""
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
@@ -68,7 +68,7 @@ def code_state(checkout: Path = PROPERTIES_DIR.parent) -> str:
         return "unknown"
     if head.returncode != 0:
         return "unknown"
-    dirty = git("diff", "--quiet", "HEAD").returncode != 0
+    dirty = git("diff", "--quiet", "HEAD", "--", ".", ":(exclude)*.md").returncode != 0
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
