@@ -55,21 +55,25 @@ class Run:
     code: str = "unknown"  # the state of the code it ran (``code_state``)
 
 
+CODE = (".", ":(exclude)*.md")  # git pathspecs of the code: every tracked file but Markdown
+
+
 def code_state(checkout: Path = PROPERTIES_DIR.parent) -> str:
-    """The state of the code a run tests: the checkout's git commit, with ``+dirty`` when its
-    tracked files other than Markdown documents differ from that commit; ``unknown`` outside a git checkout (an installed
-    wheel). Runs of one state can be counted together."""
+    """The state of the code a run tests: the last commit of the checkout that changed a file
+    other than a Markdown document, with ``+dirty`` when such a file differs from HEAD;
+    ``unknown`` outside a git checkout (an installed wheel). Runs of one state can be counted
+    together, whatever documents were committed between them."""
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
 
     try:
-        head = git("rev-parse", "--verify", "HEAD")
+        last = git("log", "-1", "--format=%H", "--", *CODE)
     except OSError:  # no git on this machine
         return "unknown"
-    if head.returncode != 0:
+    if last.returncode != 0 or not last.stdout.strip():
         return "unknown"
-    dirty = git("diff", "--quiet", "HEAD", "--", ".", ":(exclude)*.md").returncode != 0
-    return head.stdout.strip() + ("+dirty" if dirty else "")
+    dirty = git("diff", "--quiet", "HEAD", "--", *CODE).returncode != 0
+    return last.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def profile_of(index: int) -> str | None:

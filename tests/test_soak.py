@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
-
-import pytest
 
 from swapspec.properties import soak
 from swapspec.properties.plugin import (
@@ -95,15 +92,25 @@ def test_the_summary_names_every_state_of_the_code_its_runs_tested():
     assert soak.summary(runs, "reference")[0].endswith("; code abc, abc+dirty")
 
 
-def test_the_code_state_is_the_checkouts_commit_and_unknown_outside_git(tmp_path):
-    state = soak.code_state()
-    commit = subprocess.run(["git", "-C", str(soak.PROPERTIES_DIR.parent), "rev-parse", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    if not commit:
-        pytest.skip("this checkout is not a git repository (an unpacked sdist)")
-    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", state), state
-    assert state.split("+")[0] == commit
+def _git(repo, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_the_code_state_is_the_last_commit_of_code_and_unknown_outside_git(tmp_path):
     assert soak.code_state(tmp_path) == "unknown"
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "."), _git(tmp_path, "commit", "-qm", "code")
+    code_commit = _git(tmp_path, "rev-parse", "HEAD")
+    (tmp_path / "README.md").write_text("docs\n")
+    _git(tmp_path, "add", "."), _git(tmp_path, "commit", "-qm", "docs")
+    assert soak.code_state(tmp_path) == code_commit, "a docs commit must not change the state"
+    (tmp_path / "README.md").write_text("more docs\n")
+    assert soak.code_state(tmp_path) == code_commit, "an edited document is not a dirty state"
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert soak.code_state(tmp_path) == code_commit + "+dirty"
 
 
 def test_filter_rates_sum_every_test_of_a_pair_and_skip_reports_without_counts():
