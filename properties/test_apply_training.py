@@ -236,9 +236,7 @@ def fails_without_the_conversion(module: torch.nn.Module, x: torch.Tensor, ran: 
     build holding clones of the converted tensors raises the same error type: then the error
     belongs to the tree (``.item()`` in a forward on a ``meta``-world tree), not to the
     conversion. The fresh build shares no tensor with ``module``, so no hook of it fires."""
-    if ran.error is None:
-        return False
-    return type(_backward(fresh_copy_holding(module), x).error) is type(ran.error)
+    return ran.error is not None and same_output(ran, _backward(fresh_copy_holding(module), x))
 
 
 @spec_property("APPLY-OPTIMIZER")
