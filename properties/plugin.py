@@ -243,7 +243,8 @@ def reproduce_arguments(text: str) -> tuple[str, bytes]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """``--swapspec-reproduce``: replay the given failure on the one selected property test.
+    """``--swapspec-reproduce``: replay the given failure on the one selected property test
+    (a ``@given`` property, or a sequence test through ``swapspec_sequence_replay``).
 
     A blob replays the failing example's choices exactly; a ``--hypothesis-seed`` replays it
     only where Hypothesis draws from the same pool of constants, which it collects from the
@@ -257,11 +258,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError("swapspec: --swapspec-reproduce replays one property test; "
                                 f"{len(chosen)} are selected (give the failed test's id)")
     test = getattr(chosen[0].obj, "__func__", chosen[0].obj)
-    if getattr(test, "hypothesis", None) is None:
-        raise pytest.UsageError("swapspec: --swapspec-reproduce replays a @given property; a "
-                                "sequence (SEQ-) failure replays by its seed: pytest properties "
-                                "-k NAME --swapspec-target=T --hypothesis-seed=SEED")
+    if getattr(test, "hypothesis", None) is None:  # a sequence test: see swapspec_sequence_replay
+        session.config.stash[SEQUENCE_REPLAY] = (chosen[0].nodeid, version, blob)
+        return
     reproduce_failure(version, blob)(test)
+
+
+SEQUENCE_REPLAY = pytest.StashKey[tuple[str, str, bytes]]()
+
+
+@pytest.fixture(autouse=True)
+def swapspec_sequence_replay(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``--swapspec-reproduce`` on a sequence (SEQ-) test: its run replays the blob's sequence."""
+    replay = request.config.stash.get(SEQUENCE_REPLAY, None)
+    if replay is None or replay[0] != request.node.nodeid:
+        yield
+        return
+    from swapspec.properties.sequences import replaying  # imported only to replay a sequence
+    with replaying(replay[1], replay[2]):
+        yield
 
 
 def property_id(item: pytest.Item) -> str | None:

@@ -47,13 +47,14 @@ import random
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import torch
 import torch.utils.deterministic
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, reproduce_failure, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -878,10 +879,11 @@ def _shown(outcome: Any) -> str:
 
 def sequence_settings() -> settings:
     """The active profile's settings, scaled to sequences: ``STEPS`` steps per sequence and a
-    ``1/EXAMPLES_DIVISOR`` share of its examples (at least one)."""
+    ``1/EXAMPLES_DIVISOR`` share of its examples (at least one); a failure prints its
+    ``@reproduce_failure`` blob whatever the profile."""
     current = settings()
     return settings(current, max_examples=max(1, current.max_examples // EXAMPLES_DIVISOR),
-                    stateful_step_count=STEPS, deadline=None,
+                    stateful_step_count=STEPS, deadline=None, print_blob=True,
                     suppress_health_check=[*current.suppress_health_check, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])
 
@@ -892,13 +894,32 @@ def sequence_property(property_id: str) -> Callable:
     return pytest.mark.swapspec_property(property_id)
 
 
+# The ``(version, blob)`` of a printed ``@reproduce_failure`` line that ``run_sequences`` replays
+# instead of drawing sequences; set by ``replaying`` (the plugin's ``--swapspec-reproduce``).
+REPLAY: ContextVar[tuple[str, bytes] | None] = ContextVar("swapspec_sequence_replay", default=None)
+
+
+@contextlib.contextmanager
+def replaying(version: str, blob: bytes) -> Iterator[None]:
+    """Within the block, ``run_sequences`` replays the one sequence the blob encodes."""
+    token = REPLAY.set((version, blob))
+    try:
+        yield
+    finally:
+        REPLAY.reset(token)
+
+
 def run_sequences(target: Any, property_id: str,
                   machine: type[SequenceMachine] = SequenceMachine,
                   settings_: settings | None = None) -> None:
     """Run ``machine`` on ``target``, asserting ``property_id``'s invariant after every step
-    (``settings_``: instead of ``sequence_settings()``)."""
-    run_state_machine_as_test(machine.for_target(target, property_id),
-                              settings=settings_ or sequence_settings())
+    (``settings_``: instead of ``sequence_settings()``); inside ``replaying``, only the
+    sequence its blob encodes."""
+    factory = machine.for_target(target, property_id)
+    replay = REPLAY.get()
+    if replay is not None:
+        factory = reproduce_failure(*replay)(factory)
+    run_state_machine_as_test(factory, settings=settings_ or sequence_settings())
 
 
 def repro_of(error: BaseException) -> str:

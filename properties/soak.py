@@ -4,8 +4,9 @@
 ``pytest properties`` N times against one target (``reference`` by default), each run with a
 new ``--hypothesis-seed``, alternating ``--swapspec-profile=swapspec-dev`` (even runs) and no
 profile at all (odd runs: Hypothesis' own default profile, as a user's plain run has). It
-prints one line per run, then the number of runs and of failures, and for each failure its
-test, seed, profile, ``@reproduce_failure`` blob and the commands that replay it. It exits 1
+first prints the state of the code it tests (``code_state``: runs on one state add up across
+soaks), then one line per run, then the number of runs and of failures, and for each failure
+its test, seed, profile, ``@reproduce_failure`` blob and the commands that replay it. It exits 1
 if any run failed (a health check, a false positive, a crash: on a correct target every
 failure is a bug of the suite), 0 otherwise.
 """

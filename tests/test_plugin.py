@@ -202,10 +202,25 @@ def test_the_printed_blob_replays_the_failure_on_its_one_test(planted, tmp_path)
     bad = run_pytest(tmp_path, test, target, "--swapspec-reproduce=AXic")
     assert bad.returncode == pytest.ExitCode.USAGE_ERROR, bad.output[-2000:]
     assert "wants the line a failure printed" in bad.stderr
-    sequence = run_pytest(tmp_path, "properties/test_sequences.py::test_sequence_state[reference]",
-                          "--swapspec-target=reference", f"--swapspec-reproduce={blob[0]}")
-    assert sequence.returncode == pytest.ExitCode.USAGE_ERROR, sequence.output[-2000:]
-    assert "a sequence (SEQ-) failure replays by its seed" in sequence.stderr
+
+
+SEQUENCE = "properties/test_sequences.py::test_sequence_state[broken-no-restore]"
+BROKEN_RULE = re.compile(r"SEQ-STATE on target 'broken-no-restore', at step .*?\n\s*E\s*\n", re.S)
+
+
+def test_a_sequence_failure_prints_a_blob_that_replays_it(tmp_path):
+    """A failing sequence prints its ``@reproduce_failure`` line even under a host profile that
+    does not ask for blobs; ``--swapspec-reproduce`` with it replays that sequence in a fresh
+    process under the default profile: the same step breaks the same rules."""
+    target = f"--swapspec-target={PLANTED}:no_restore"
+    found = run_pytest(tmp_path, SEQUENCE, target, "-p", "tests.planted.fast_profile")
+    blob = re.search(r"@reproduce_failure\([^)]*\)", found.output)
+    assert found.returncode == 1 and blob is not None, found.output[-3000:]
+    replay = run_pytest(tmp_path, SEQUENCE, target, f"--swapspec-reproduce={blob[0]}")
+    assert replay.returncode == 1, replay.output[-3000:]
+    first, again = BROKEN_RULE.search(found.output), BROKEN_RULE.search(replay.output)
+    assert first is not None and again is not None, replay.output[-3000:]
+    assert again[0] == first[0], f"the replay broke other rules:\n{again[0]}\nnot\n{first[0]}"
 
 
 def test_printed_repro_is_the_file_written_to_the_repro_dir(planted):
