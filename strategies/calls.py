@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.strategies.modules import BATCH, FEATURES
-from swapspec.strategies.trees import DTYPES, join, tensor_values
+from swapspec.strategies.trees import DTYPES, join, slot_values, tensor_values
 
 FORMS = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
 VALUE_KINDS = ("fresh", "own", "none", "other-dtype")
@@ -94,13 +94,14 @@ def _can_make(t: Tensor) -> bool:
     return t.layout == torch.strided and not lazy and not is_traceable_wrapper_subclass(t)
 
 
-def _fresh(t: Tensor, dtype: str, gen: torch.Generator) -> Tensor:
-    """New values with ``t``'s shape and device, dtype ``dtype``, ``requires_grad`` as ``t`` (when floating)."""
+def _fresh(t: Tensor, dtype: str, gen: torch.Generator, names: Sequence[str]) -> Tensor:
+    """New values with ``t``'s shape and device, dtype ``dtype``, ``requires_grad`` as ``t`` (when
+    floating), that every slot in ``names`` (the names holding ``t``) can hold (``slot_values``)."""
     shape = tuple(t.shape)
     if t.device.type == "meta":
         v = torch.empty(shape, dtype=DTYPES[dtype], device="meta")
     else:
-        v = tensor_values(shape, dtype, gen).to(t.device)
+        v = slot_values(names, shape, dtype, gen).to(t.device)
     if t.requires_grad and (v.is_floating_point() or v.is_complex()):
         v.requires_grad_(True)
     return v
@@ -110,8 +111,8 @@ def _dtype_name(t: Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str], none: bool = True,
-           same_kind: bool = False) -> Tensor | None:
+def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str], names: Sequence[str],
+           none: bool = True, same_kind: bool = False) -> Tensor | None:
     kinds = [k for k in VALUE_KINDS if (none and not same_kind) or k != "none"]
     kind = draw(st.sampled_from([k for k in kinds if not same_kind or k != "other-dtype"]))
     if kind in ("fresh", "other-dtype") and (not _can_make(t) or _dtype_name(t) not in DTYPES):
@@ -126,7 +127,7 @@ def _value(draw: Any, t: Tensor, gen: torch.Generator, tags: set[str], none: boo
     dtype = _dtype_name(t)
     if kind == "other-dtype":
         dtype = draw(st.sampled_from([d for d in FLOATING if d != dtype]))
-    return _fresh(t, dtype, gen)
+    return _fresh(t, dtype, gen, names)
 
 
 def meta_built(module: nn.Module) -> bool:
@@ -144,13 +145,23 @@ def _module_paths(module: nn.Module) -> dict[int, list[str]]:
     return paths
 
 
-def _alias_tags(chosen: dict[str, Any], names: dict[str, Tensor]) -> set[str]:
-    """Tags for tie groups (names holding one tensor object) that the chosen names touch."""
+def _tie_groups(names: dict[str, Tensor]) -> list[list[str]]:
+    """The names of each tensor object, one group per object (a lone name is a group of one)."""
     groups: dict[int, list[str]] = {}
     for name, t in names.items():
         groups.setdefault(id(t), []).append(name)
+    return list(groups.values())
+
+
+def _aliases(names: dict[str, Tensor]) -> dict[str, list[str]]:
+    """For each name, every name that holds the same tensor object (itself included)."""
+    return {name: group for group in _tie_groups(names) for name in group}
+
+
+def _alias_tags(chosen: dict[str, Any], names: dict[str, Tensor]) -> set[str]:
+    """Tags for tie groups (names holding one tensor object) that the chosen names touch."""
     tags = set()
-    for members in groups.values():
+    for members in _tie_groups(names):
         given = [n for n in members if n in chosen]
         if len(members) < 2 or not given:
             continue
@@ -164,10 +175,7 @@ def _alias_tags(chosen: dict[str, Any], names: dict[str, Tensor]) -> set[str]:
 
 def _tietensor_values(draw: Any, chosen: dict[str, Any], names: dict[str, Tensor]) -> None:
     """For each tie group with several given aliases, maybe give them all the first alias's value object."""
-    groups: dict[int, list[str]] = {}
-    for name, t in names.items():
-        groups.setdefault(id(t), []).append(name)
-    for members in groups.values():
+    for members in _tie_groups(names):
         given = [n for n in members if n in chosen]
         if len(given) >= 2 and not draw(st.booleans()):
             for n in given[1:]:
@@ -254,7 +262,8 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
     picked = [n for n in candidates
               if everything or (buffers == "all" and n in buffer_names) or draw(st.booleans())]
     tags.add("all-names" if names and len(picked) == len(names) else ("no-names" if not picked else "some-names"))
-    chosen: dict[str, Any] = {n: _value(draw, names[n], gen, tags,
+    aliases = _aliases(names)
+    chosen: dict[str, Any] = {n: _value(draw, names[n], gen, tags, aliases[n],
                                         none=not (buffers == "all" and n in buffer_names),
                                         same_kind=forward_safe)
                               for n in picked}

@@ -15,7 +15,7 @@ from torch.nn.parameter import is_lazy
 from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.strategies.trees import DTYPES, join, tensor_values
+from swapspec.strategies.trees import DTYPES, join, slot_values, tensor_values
 
 VALUE_KINDS = ("own", "fresh", "other-dtype", "meta", "two-tensor", "own-tensor")
 ALIAS_KINDS = ("same-object", "equal-copies", "independent")
@@ -105,9 +105,9 @@ def _kind_for(t: Tensor, kind: str) -> str:
     return kind
 
 
-def _value(t: Tensor, kind: str, dtype: str, gen: torch.Generator) -> Any:
+def _value(t: Tensor, kind: str, dtype: str, gen: torch.Generator, keys: Sequence[str]) -> Any:
     """The value of one kind for slot tensor ``t`` (as ``module.state_dict(keep_vars=True)``
-    holds it)."""
+    holds it under ``keys``); fresh values are ones every such slot can hold (``slot_values``)."""
     shape = tuple(t.shape) if not is_lazy(t) else ()
     if kind == "own":
         return t if is_lazy(t) else t.detach()  # a lazy module's state dict holds the slot
@@ -117,29 +117,35 @@ def _value(t: Tensor, kind: str, dtype: str, gen: torch.Generator) -> Any:
         return torch.empty(shape, dtype=t.dtype, device="meta")
     if t.is_meta:
         return torch.empty(shape, dtype=DTYPES[dtype], device="meta")
-    fresh = tensor_values(shape, dtype, gen).to(t.device)
+    fresh = slot_values(keys, shape, dtype, gen).to(t.device)
     if kind == "two-tensor":
         return TwoTensor(fresh, fresh.clone())
     return fresh
 
 
-def _draw_value(draw: Any, t: Any, kinds: Sequence[str], gen: torch.Generator) -> tuple[Any, str]:
+def _draw_value(draw: Any, t: Any, kinds: Sequence[str], gen: torch.Generator,
+                keys: Sequence[str]) -> tuple[Any, str]:
     if not isinstance(t, Tensor):
         return t, "extra-state"
     kind = _kind_for(t, draw(st.sampled_from(list(kinds))))
     dtype = _dtype_name(t) if _makeable(t) else ""
     if kind == "other-dtype":
         dtype = draw(st.sampled_from([d for d in FLOATING if d != dtype]))
-    return _value(t, kind, dtype, gen), kind
+    return _value(t, kind, dtype, gen, keys), kind
 
 
-def _alias_groups(own: dict[str, Any]) -> list[list[str]]:
-    """Keys whose slots hold one tensor object, for every object with two or more keys."""
+def _keys_by_tensor(own: dict[str, Any]) -> list[list[str]]:
+    """The keys of each tensor object of the state dict, one group per object."""
     groups: dict[int, list[str]] = {}
     for key, t in own.items():
         if isinstance(t, Tensor):
             groups.setdefault(id(t), []).append(key)
-    return [keys for keys in groups.values() if len(keys) > 1]
+    return list(groups.values())
+
+
+def _alias_groups(own: dict[str, Any]) -> list[list[str]]:
+    """Keys whose slots hold one tensor object, for every object with two or more keys."""
+    return [keys for keys in _keys_by_tensor(own) if len(keys) > 1]
 
 
 def _alias_values(draw: Any, own: dict[str, Any], given: dict[str, Any], tags: set[str],
@@ -291,9 +297,10 @@ def _state_dicts(draw: Any, module: nn.Module, kinds: Sequence[str], invalid: bo
     tags: set[str] = set()
     given: dict[str, Any] = {}
     drawn: dict[str, str] = {}
+    keys_of = {key: keys for keys in _keys_by_tensor(own) for key in keys}
     for key, t in own.items():
         allowed = _allowed_kinds(t, kinds, meta=not succeeds or assign)
-        given[key], drawn[key] = _draw_value(draw, t, allowed, gen)
+        given[key], drawn[key] = _draw_value(draw, t, allowed, gen, keys_of.get(key, (key,)))
         tags.add(f"value: {drawn[key]}")
     _alias_values(draw, own, given, tags, agree=succeeds)
     bad: list[tuple[str, str]] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -252,6 +252,25 @@ def tensor_values(shape: tuple[int, ...], dtype: str, gen: torch.Generator) -> T
     return (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1).to(DTYPES[dtype])
 
 
+POSITIVE_SLOTS = frozenset({"running_var"})  # normalization divides by its square root
+COUNT_SLOTS = frozenset({"num_batches_tracked"})  # batch norm with momentum=None divides by it + 1
+
+
+def slot_values(names: Collection[str], shape: tuple[int, ...], dtype: str,
+                gen: torch.Generator) -> Tensor:
+    """``tensor_values`` that every slot in ``names`` (the names of one tensor) can hold in a
+    forward: positive for a ``running_var``, a count (0 or more) for a ``num_batches_tracked``.
+    Any other name takes ``tensor_values`` as they are, so a value no module can run with is
+    never drawn as a valid one."""
+    values = tensor_values(shape, dtype, gen)
+    keys = {name.rpartition(".")[2] for name in names}
+    if keys & POSITIVE_SLOTS and values.is_floating_point():
+        values = values.abs() + 0.5
+    if keys & COUNT_SLOTS and not (values.is_complex() or values.dtype == torch.bool):
+        values = values.abs()
+    return values
+
+
 def _make_param(data: Tensor, *, frozen: bool, grad: bool, tagged: bool, tag: str, gen: torch.Generator) -> nn.Parameter:
     p = M.TaggedParameter(data, not frozen, tag) if tagged else nn.Parameter(data, requires_grad=not frozen)
     if grad:
@@ -305,12 +324,7 @@ def _build_real(spec: LeafSpec, path: str, gen: torch.Generator) -> nn.Module:
     with torch.no_grad():
         for name, shape, dtype in ((n, s, d) for n, _, s, d in real_slots(spec)):
             t = layer.get_parameter(name) if name in layer._parameters else layer.get_buffer(name)
-            v = tensor_values(shape, dtype, gen)
-            if name == "running_var":
-                v = v.abs() + 0.5
-            elif name == "num_batches_tracked":
-                v = v.abs()
-            t.copy_(v)
+            t.copy_(slot_values((name,), shape, dtype, gen))
     if "weight" in layer._parameters and layer.weight is not None:
         w = layer.weight
         layer.weight = _make_param(w.data, frozen=spec.frozen, grad=spec.grad, tagged=spec.tagged, tag=f"tag:{join(path, 'weight')}", gen=gen)

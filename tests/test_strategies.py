@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ from swapspec.strategies.conversions import (
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 from swapspec.strategies.state_dicts import state_dicts
 from swapspec.strategies.torch_modules import CatalogueLeaf
-from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec
+from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec, slot_values, tensor_values
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 X = torch.linspace(-1, 1, BATCH * FEATURES).reshape(BATCH, FEATURES)
@@ -311,6 +312,68 @@ def test_simple_call_inputs_run_through_functional_call(data: st.DataObject) -> 
         warnings.simplefilter("ignore")
         out = torch.func.functional_call(module, call.tensors, call.args, call.kwargs, tie_weights=call.tie_weights)
     assert out.shape == (BATCH, FEATURES)
+
+
+class CumulativeNorm(nn.Module):
+    """A ``BatchNorm1d`` with ``momentum=None``, whose training forward divides by
+    ``num_batches_tracked + 1``, with its count and variance also held under other names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(FEATURES, momentum=None)
+        self.alias = nn.Module()
+        self.alias.register_buffer("steps", self.norm.num_batches_tracked)
+        self.alias.register_buffer("spread", self.norm.running_var)
+
+    def forward(self, x: torch.Tensor, **kwargs: object) -> torch.Tensor:  # the calls' ``report``
+        return self.norm(x)
+
+
+COUNTS = ("norm.num_batches_tracked", "alias.steps")
+VARIANCES = ("norm.running_var", "alias.spread")
+
+
+def _assert_in_slot_domain(given: dict, names: tuple[str, ...], valid: Callable) -> None:
+    for name in names:
+        value = given.get(name)
+        if isinstance(value, torch.Tensor) and not value.is_meta:
+            assert valid(value), f"{name} was given {value}, which no batch norm can run with"
+
+
+def test_slot_values_hold_what_their_slots_need_and_leave_other_names_alone() -> None:
+    def values(names: tuple[str, ...], shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+        return slot_values(names, shape, dtype, torch.Generator().manual_seed(3))
+
+    assert bool((values(("a.running_var",), (64,), "float32") > 0).all())
+    assert bool((values(("steps", "b.num_batches_tracked"), (64,), "int64") >= 0).all())
+    plain = tensor_values((64,), "int64", torch.Generator().manual_seed(3))
+    assert bool((plain < 0).any())  # else the count check above proves nothing
+    assert torch.equal(values(("a.steps",), (64,), "int64"), plain)
+    assert values(("running_var",), (4,), "complex64").dtype == torch.complex64
+
+
+@SETTINGS
+@given(st.data())
+def test_call_values_are_ones_every_alias_can_run_with(data: st.DataObject) -> None:
+    module = CumulativeNorm().train(data.draw(st.booleans(), label="training"))
+    call: CallInput = data.draw(call_inputs(module, valid=True, unknown_names=False,
+                                            failing=False, forward_safe=True), label="call")
+    given = call.merged()
+    _assert_in_slot_domain(given, COUNTS, lambda v: bool((v >= 0).all()))
+    _assert_in_slot_domain(given, VARIANCES, lambda v: bool((v > 0).all()))
+    out = torch.func.functional_call(module, call.tensors, call.args, call.kwargs,
+                                     tie_weights=call.tie_weights, strict=call.strict)
+    assert bool(torch.isfinite(out).all()), "a valid call's forward gave non-finite values"
+
+
+@SETTINGS
+@given(st.data())
+def test_load_values_are_ones_every_alias_can_run_with(data: st.DataObject) -> None:
+    module = CumulativeNorm()
+    load = data.draw(state_dicts(module, outcome="succeeds", invalid=False,
+                                   kinds=("own", "fresh", "other-dtype")))
+    _assert_in_slot_domain(load.state_dict, COUNTS, lambda v: bool((v >= 0).all()))
+    _assert_in_slot_domain(load.state_dict, VARIANCES, lambda v: bool((v > 0).all()))
 
 
 def _aliased(module: nn.Module) -> bool:
