@@ -36,6 +36,7 @@ from swapspec.properties.oracle import (
     strict_error,
     tie_groups,
 )
+from swapspec.strategies import tree_info
 
 # ---- facts about torch's _apply ---------------------------------------------------------
 
@@ -111,22 +112,31 @@ def swap_refuses_subclass(example: Example) -> bool:
                for p, applied in _results(example, _params(example)))
 
 
-def old_weight_norm_swapped(example: Example) -> bool:
-    """A module with the old hook-based ``weight_norm`` or ``spectral_norm`` takes the swap path
-    for the tensors its computed ``weight`` attribute comes from (``weight_g``/``weight_v``,
-    ``weight_orig``) while that attribute carries an autograd graph (``grad_fn``): the graph
-    holds them, so ``swap_tensors`` refuses them and ``_apply`` raises. (A spectral-norm weight
-    computed with no forward yet has no graph, and then the swap goes through.)"""
+def old_norm_refusals(example: Example) -> list[Tensor]:
+    """The tensors ``swap_tensors`` refuses on the swap path because an old hook-based
+    ``weight_norm`` or ``spectral_norm`` holds them: the sources of its computed ``weight``
+    attribute (``weight_g``/``weight_v``, ``weight_orig``) while that attribute's autograd graph
+    still holds them. ``swap_tensors`` refuses a leaf whose TensorImpl has more uses than the
+    tensor and its ``AccumulateGrad`` node (``Tensor._use_count() > 2``); a ``backward`` without
+    ``create_graph`` frees the graph's saved tensors, and a spectral-norm weight computed with
+    no forward yet has no graph, and then the swap goes through."""
+    refused = []
     for m in _scope(example):
-        hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm | SpectralNorm)
-                 and getattr(getattr(m, h.name, None), "grad_fn", None) is not None]
+        hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm | SpectralNorm)]
         for hook in hooks:
             for suffix in ("_g", "_v", "_orig"):
                 p = m._parameters.get(hook.name + suffix)
-                if p is not None and any(torch_path(example, q, applied) == "swap"
-                                         for q, applied in _results(example, [p])):
-                    return True
-    return False
+                if p is not None and p._use_count() > 2 and any(
+                        torch_path(example, q, applied) == "swap"
+                        for q, applied in _results(example, [p])):
+                    refused.append(p)
+    return refused
+
+
+def old_weight_norm_swapped(example: Example) -> bool:
+    """``_apply`` raises: ``swap_tensors`` refuses a tensor an old-style norm holds
+    (``old_norm_refusals``)."""
+    return bool(old_norm_refusals(example))
 
 
 def graph_grad_not_leaf(example: Example) -> bool:
@@ -189,14 +199,46 @@ def _certain_raise(example: Example) -> bool:
             or rnn_weight_swapped_elsewhere(example) or shared_grad_swapped(example))
 
 
+def _earlier_leaves_set_data(example: Example) -> bool:
+    """Some trainable parameter left the set_data path in an earlier conversion with no flag
+    set: a TensorImpl change, as ``to_empty(device='cpu')`` makes on a ``meta``-world tree
+    (``_has_compatible_shallow_copy_type(meta, cpu)`` is false: overwrite path). The example's
+    module has already been through those conversions, so they are replayed on a fresh build
+    of the tree (``tree_info``), each parameter holding the previous result, as set_data leaves it."""
+    if not example.earlier:
+        return False
+    try:
+        fresh = tree_info(example.module).build()
+    except KeyError:  # not a built tree: nothing to replay
+        return False
+    tensors = list({id(p): p for p in fresh.parameters()
+                    if p.requires_grad and not is_uninitialized(p)}.values())
+    for conversion in example.earlier:
+        fn, results = conversion.make_fn(), []
+        with torch.no_grad():
+            for t in tensors:
+                try:
+                    applied = fn(t)
+                except Exception:  # the property assumes the earlier conversions ran
+                    return False
+                if torch_path(example, t, applied) != "set_data":
+                    return True
+                results.append(applied)
+        tensors = results
+    return False
+
+
 def _loses_tensor_hooks(example: Example) -> bool:
     """Some parameter takes the overwrite path (a new object without the hooks) or the swap
     path (the hooks stay registered on the swapped-out TensorImpl), in the conversion or in an
-    earlier one (those are CPU-dense conversions: a flag decides their path)."""
+    earlier one (a flag decides the path of those, or a TensorImpl change:
+    ``_earlier_leaves_set_data``)."""
     if _certain_raise(example):
         return False
     trainable = [p for p in _params(example) if p.requires_grad]
     if example.earlier and trainable and (example.flags.swap or example.flags.overwrite):
+        return True
+    if trainable and _earlier_leaves_set_data(example):
         return True
     return any(torch_path(example, p, applied) != "set_data"
                for p, applied in _results(example, trainable))
@@ -271,6 +313,40 @@ def rebinding_splits_tied_buffers(example: Example) -> bool:
     held = _distinct_slots(example, "_buffers")
     return not torch_apply_raises(example) and any(
         held[id(b)] > 1 and applied is not b for b, applied in _results(example, _buffers(example)))
+
+
+def _dense_leaves(t: Tensor) -> list[Tensor]:
+    """``t``, or the plain tensors a wrapper subclass (``TwoTensor``) holds, nested ones too."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [leaf for n in names for leaf in _dense_leaves(getattr(t, n))]
+    return [t]
+
+
+def _new_object_sharing_storage(t: Tensor, applied: Any) -> bool:
+    """``applied`` is a new object that holds (part of) ``t``'s memory, as
+    ``TwoTensor(t.detach(), t.detach().clone())`` does through its ``a``."""
+    if applied is t or not isinstance(applied, Tensor):
+        return False
+    try:
+        mine = {x.untyped_storage().data_ptr() for x in _dense_leaves(t)
+                if x.device.type != "meta"} - {0}
+        return any(x.untyped_storage().data_ptr() in mine for x in _dense_leaves(applied)
+                   if x.device.type != "meta")
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return False
+
+
+def split_tied_buffer_shares_storage(example: Example) -> bool:
+    """A buffer held by two slots, with ``fn`` returning a new object that shares (part of) its
+    memory: torch's one result per slot (``rebinding_splits_tied_buffers``) are two objects that
+    still alias each other in part, a half-tie that a fresh build (one clone per object) lacks.
+    It shows in forward only where forward updates one of them in place (BatchNorm's running
+    stats in training, a GenericLeaf's ``steps``) before the other is read."""
+    held = _distinct_slots(example, "_buffers")
+    return not torch_apply_raises(example) and any(
+        held[id(b)] > 1 and _new_object_sharing_storage(b, applied)
+        for b, applied in _results(example, _buffers(example)))
 
 
 def _slot_counts(example: Example, registry: str) -> dict[int, int]:
@@ -350,11 +426,14 @@ def commits_before_raising(example: Example) -> bool:
     """torch's first ``fn`` call succeeds before the raising one, so it committed something.
 
     ``raise_on(k)`` raises on call k, and ``t + 1`` raises at once on an uninitialized
-    parameter; ``_apply`` commits each tensor right after its call.
+    parameter; ``_apply`` commits each tensor right after its call, and raises its own error
+    right after the call on a tensor ``swap_tensors`` refuses (``old_norm_refusals``).
     """
     k = example.conversion.raises_on
     order = torch_call_order(example)
-    first_failure = next((i for i, t in enumerate(order) if is_uninitialized(t)), len(order))
+    refused = {id(t) for t in old_norm_refusals(example)}
+    first_failure = next((i for i, t in enumerate(order)
+                          if is_uninitialized(t) or id(t) in refused), len(order))
     committed = order[:min(k - 1, first_failure)]
     return any(_commit_shows(example, t, applied) for t, applied in _results(example, committed))
 
@@ -588,12 +667,32 @@ def parametrized_name_without_right_inverse(example: Example) -> bool:
 
 def parametrized_name_with_right_inverse(example: Example) -> bool:
     plist = _given_parametrized_attribute(example)
-    return plist is not None and _has_right_inverse(plist)
+    return (plist is not None and _has_right_inverse(plist)
+            and not parametrized_name_swap_refused(example))
+
+
+def parametrized_name_swap_refused(example: Example) -> bool:
+    """The call names a weight-normed or spectral-normed attribute directly while its originals
+    take ``parametrize._maybe_set``'s swap path (a traceable wrapper subclass such as
+    ``TwoTensor``, or the swap flag): ``swap_tensors`` refuses them, because the parametrized
+    value ``functional_call`` read just before (to restore it later) was computed with grad
+    enabled and its autograd graph saved the originals. Orthogonal and custom parametrizations
+    save no original; frozen originals are saved by no graph."""
+    plist = _given_parametrized_attribute(example)
+    if plist is None or not _has_right_inverse(plist):
+        return False
+    originals = list(plist._parameters.values())
+    swapped = (torch.__future__.get_swap_module_params_on_conversion()
+               or any(is_traceable_wrapper_subclass(t) for t in originals))
+    return (swapped and torch.is_grad_enabled()
+            and type(plist[0]).__name__ in ("_WeightNorm", "_SpectralNorm")
+            and any(t.requires_grad for t in originals))
 
 
 def weight_norm_name_given(example: Example) -> bool:
     plist = _given_parametrized_attribute(example)
-    return plist is not None and type(plist[0]).__name__ == "_WeightNorm"
+    return (plist is not None and type(plist[0]).__name__ == "_WeightNorm"
+            and not parametrized_name_swap_refused(example))
 
 
 def reparametrizing_name_given(example: Example) -> bool:
@@ -605,6 +704,8 @@ def reparametrizing_name_given(example: Example) -> bool:
     if plist is None:
         return False
     kind = type(plist[0]).__name__
+    if parametrized_name_swap_refused(example):
+        return False
     return kind == "_Orthogonal" or (kind == "_SpectralNorm" and holds_values(plist.original))
 
 
@@ -709,7 +810,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "The old hook-based torch.nn.utils.weight_norm (and spectral_norm) keep `weight` as an "
         "attribute computed from weight_g and weight_v (weight_orig), whose autograd graph can "
         "hold them; on the swap path swap_tensors then refuses them and _apply raises "
-        "(torch 2.13; whether the graph still holds them depends on what ran since). Repro: "
+        "(torch 2.13; a backward without create_graph frees the graph, and then the swap goes "
+        "through). Repro: "
         "m = nn.Linear(2, 2); "
         "torch.nn.utils.weight_norm(m); torch.__future__.set_swap_module_params_on_conversion(True); "
         "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
@@ -756,7 +858,12 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "and on the swap path (they stay on the swapped-out TensorImpl) (torch 2.13). Repro: "
         "m = nn.Linear(2, 2); n = []; m.weight.register_hook(lambda g: n.append(1)); "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.double(); "
-        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails"),
+        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails. "
+        "A module built on meta and given storage by to_empty(device='cpu') takes the overwrite "
+        "path whatever the flags (meta and CPU TensorImpls are not shallow-copy compatible), so "
+        "hooks registered before to_empty are lost too. Repro: "
+        "m = nn.Linear(2, 2, device='meta'); n = []; m.weight.register_hook(lambda g: n.append(1)); "
+        "m.to_empty(device='cpu'); m(torch.ones(1, 2)).sum().backward(); assert n  # fails"),
     Deviation("APPLY-TENSOR-HOOKS", loses_tensor_hooks_unless_norm_raises, "before-hook-lost",
               always=False, reason="Where an old-style weight or spectral norm may make _apply "
               "raise first (see its declaration): otherwise, as the declaration below. " + HOOKS_LOST),
@@ -776,6 +883,19 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
               PARAMETRIZED_NAME),
     Deviation("FC-PARAMETRIZED", parametrized_name_with_right_inverse, "not-disabled",
               PARAMETRIZED_NAME),
+    Deviation(
+        "FC-PARAMETRIZED", parametrized_name_swap_refused, "raised",
+        "Given a value under a weight-normed or spectral-normed attribute's own name, "
+        "functional_call first reads the attribute (to restore it later), computing it with "
+        "grad enabled, so its autograd graph saves the originals; it then assigns the value "
+        "through right_inverse, and where parametrize._maybe_set takes the swap path (the "
+        "originals are a traceable wrapper subclass such as TwoTensor, or the swap "
+        "flag is set) swap_tensors refuses the saved originals and the call raises (torch 2.13). "
+        "Repro: m = nn.Linear(2, 2); torch.nn.utils.parametrizations.weight_norm(m); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "torch.func.functional_call(m, {'weight': torch.ones(2, 2)}, (torch.ones(1, 2),))  "
+        "# RuntimeError: Expected use_count of t1 to be 1 or 2 with an AccumulateGrad node but "
+        "got 3"),
     Deviation(
         "FC-PARAMETRIZED", reparametrizing_name_given, "not-restored",
         "Restoring a parametrized weight after a call that named it assigns the old weight "
@@ -823,6 +943,18 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "under two names ends as two tensors. Repro: m = nn.Module(); "
         "m.register_buffer('a', torch.ones(2)); m.register_buffer('b', m.a); m.double(); "
         "assert m.a is m.b  # fails"),
+    Deviation(
+        "APPLY-FORWARD", split_tied_buffer_shares_storage, "stale-forward", always=False, reason=
+        "A buffer registered under two names is converted once per slot (see buffer-tie-split); "
+        "when fn's result shares its input's memory, as TwoTensor(t.detach(), t.detach().clone()) "
+        "does through `a`, the two results are distinct objects whose `a` tensors still share "
+        "memory while their `b` tensors do not. A fresh build holding clones of them has no such "
+        "half-tie, so where forward updates one of them in place (BatchNorm's running stats in "
+        "training) the converted module's output has a != b (torch 2.13). Repro: "
+        "m = nn.BatchNorm1d(2); m.running_var = m.running_mean; "
+        "m._apply(lambda t: TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() "
+        "else t); m(torch.tensor([[0., 2.], [2., 0.]])); "
+        "assert torch.equal(m.running_var.a, m.running_var.b)  # fails: 0.29 vs 0.2"),
     Deviation(
         "APPLY-FN-ONCE", converts_some_tensor_twice, ("fn-repeated", "fn-on-result"),
         "_apply keeps no memo and recurses through children(), which drops repeats within "

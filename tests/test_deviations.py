@@ -319,3 +319,154 @@ def test_table_of_every_property_and_builtin_target_fits_100_columns():
     notes = [line for line in lines if re.match(r"\[\d+\] ", line)]
     texts = [cell_note(c) for cells in by_target.values() for c in cells.values() if cell_note(c)]
     assert len(notes) == len(set(texts))  # each long text once
+
+
+# ---- torch's declarations: predicates against what torch does ------------------------------
+
+
+def _old_weight_norm_linear(step: str) -> torch.nn.Module:
+    """A bias-free ``Linear`` (``weight_g`` its first tensor) under the old hook-based
+    ``weight_norm``, after ``step``: ``"built"``, a
+    ``"forward"``, or a forward and ``"backward"`` (which frees the graph's saved tensors)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        module = torch.nn.utils.weight_norm(torch.nn.Linear(2, 2, bias=False))
+    if step != "built":
+        out = module(torch.ones(1, 2)).sum()
+        if step == "backward":
+            out.backward()
+    return module
+
+
+def _torch_double_raises(module: torch.nn.Module) -> bool:
+    saved = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        module.double()
+    except RuntimeError:
+        return True
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(saved)
+    return False
+
+
+@pytest.mark.parametrize("step", ["built", "forward", "backward"])
+def test_old_weight_norm_refusal_is_predicted_exactly_when_torch_refuses(step):
+    from swapspec.properties.examples import Example
+    from swapspec.properties.torch_deviations import old_weight_norm_swapped
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import CONVERSIONS
+
+    double = next(c for c in CONVERSIONS if c.name == "double()")
+    module = _old_weight_norm_linear(step)
+    example = Example(module, conversion=double, flags=FlagSetting(overwrite=False, swap=True))
+    predicted = old_weight_norm_swapped(example)
+    assert predicted == _torch_double_raises(_old_weight_norm_linear(step)), (
+        f"after {step!r} the predicate says torch raises: {predicted}")
+
+
+def test_a_refused_old_norm_swap_commits_nothing_before_a_later_fn_error():
+    from swapspec.properties.examples import Example
+    from swapspec.properties.torch_deviations import commits_before_raising
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import raising_conversion
+
+    # torch refuses weight_g's swap right after fn's first call, before its raising second
+    example = Example(_old_weight_norm_linear("forward"), conversion=raising_conversion(2),
+                      flags=FlagSetting(overwrite=False, swap=True))
+    assert not commits_before_raising(example)
+    freed = Example(_old_weight_norm_linear("backward"), conversion=raising_conversion(2),
+                    flags=FlagSetting(overwrite=False, swap=True))
+    assert commits_before_raising(freed)  # the swap goes through, so the first call commits
+
+
+def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
+    """Whether a hook registered on the first parameter before ``conversions`` (torch's
+    ``_apply``, default flags) fires in a backward after them."""
+    fired = []
+    next(module.parameters()).register_hook(lambda g: fired.append(1))
+    for conversion in conversions:
+        module._apply(conversion.make_fn())
+    sum(p.sum() for p in module.parameters()).backward()
+    return bool(fired)
+
+
+@pytest.mark.parametrize("world", ["", "meta"])
+def test_hook_loss_is_predicted_for_an_earlier_conversion_that_changes_the_tensor_impl(world):
+    from swapspec.properties.examples import Example
+    from swapspec.properties.torch_deviations import loses_tensor_hooks
+    from swapspec.strategies import FlagSetting, build_tree
+    from swapspec.strategies.conversions import CONVERSIONS
+    from swapspec.strategies.trees import LeafSpec, TreeSpec
+
+    to_empty, to_float = (next(c for c in CONVERSIONS if c.name == name)
+                          for name in ("to_empty(device='cpu')", "float()"))
+    spec = TreeSpec(root=LeafSpec(kind="Linear"), world=world)
+    module = build_tree(spec)
+    module._apply(to_empty.make_fn())  # the earlier conversion, as the property runs it
+    example = Example(module, conversion=to_float, flags=FlagSetting(overwrite=False, swap=False),
+                      earlier=(to_empty,))
+    lost = not _hooks_fire_after(build_tree(spec), [to_empty, to_float])
+    assert lost == (world == "meta"), "torch itself changed: meta -> cpu kept the object"
+    assert loses_tensor_hooks(example) == lost
+
+
+def _tied_batch_norm() -> torch.nn.Module:
+    module = torch.nn.BatchNorm1d(2)
+    module.running_var = module.running_mean
+    return module
+
+
+def _half_tied(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two objects that share the memory of some of their plain parts and not of others."""
+    def pointers(t):
+        parts = [getattr(t, n) for n in t.__tensor_flatten__()[0]] if hasattr(t, "__tensor_flatten__") else [t]
+        return [p.untyped_storage().data_ptr() for p in parts]
+
+    shared = [x == y for x, y in zip(pointers(a), pointers(b), strict=True)]
+    return a is not b and any(shared) and not all(shared)
+
+
+@pytest.mark.parametrize("name", ["TwoTensor", "double()", "add(1)"])
+def test_a_half_tie_is_predicted_where_torch_leaves_one(name):
+    from swapspec.properties.examples import Example
+    from swapspec.properties.torch_deviations import split_tied_buffer_shares_storage
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import CONVERSIONS
+
+    conversion = next(c for c in CONVERSIONS if c.name == name)
+    example = Example(_tied_batch_norm(), conversion=conversion,
+                      flags=FlagSetting(overwrite=False, swap=False))
+    converted = _tied_batch_norm()._apply(conversion.make_fn())
+    left = _half_tied(converted.running_mean, converted.running_var)
+    assert left == (name == "TwoTensor"), "torch itself changed how it splits a tied buffer"
+    assert split_tied_buffer_shares_storage(example) == left
+
+
+def _weight_normed_linear() -> torch.nn.Module:
+    return torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_a_refused_parametrized_swap_is_predicted_exactly_when_torch_raises(swap):
+    from swapspec.properties.examples import Example
+    from swapspec.properties.torch_deviations import parametrized_name_swap_refused
+    from swapspec.strategies import CallInput
+
+    tensors = {"weight": torch.ones(2, 2)}
+    call = CallInput(tensors, (torch.ones(1, 2),), {}, tie_weights=True, strict=False)
+    saved = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(swap)
+    try:
+        predicted = parametrized_name_swap_refused(Example(_weight_normed_linear(), call=call))
+        try:
+            torch.func.functional_call(_weight_normed_linear(), tensors, call.args)
+            raised = False
+        except RuntimeError:
+            raised = True
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(saved)
+    assert raised == swap, "torch itself changed: the swap flag no longer decides it"
+    assert predicted == raised
