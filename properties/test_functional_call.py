@@ -148,13 +148,14 @@ def test_fc_restores_module(target, data):
                                          invalid=data.draw(st.booleans(), label="invalid"))
     before = module_state(module)
     filled = _expected(module, call)
+    replaced = _replaced(module, filled)  # before forward writes back into the call's mapping
     handle = module.register_forward_pre_hook(_raise_forward_error) if raise_in_forward else None
     try:
         _call(target, module, call)
     finally:
         if handle is not None:
             handle.remove()
-    check_untouched(check, before, module, "not-restored", values_of=_replaced(module, call),
+    check_untouched(check, before, module, "not-restored", values_of=replaced,
                     names=_filled_slot_names(module, filled))
     _verdict(check, example, target)
 
@@ -180,11 +181,11 @@ def _given_values(call) -> list[Any]:
     return [] if isinstance(merged, ExpectedError) else list(merged.values())
 
 
-def _replaced(module, call) -> set[int] | None:
-    """Ids of the original tensors a valid call takes out of forward's reach (None: the call is
-    invalid, and touches nothing). Forward may update what it can still reach (BatchNorm running
-    stats, an unfilled alias of a replaced tensor); see ``replaced_originals``."""
-    filled = _expected(module, call)
+def _replaced(module, filled) -> set[int] | None:
+    """Ids of the original tensors a valid call, filling ``filled`` (``_expected`` before the
+    call: forward's write-back rebinds the call's own mapping), takes out of forward's reach
+    (None: the call is invalid, and touches nothing). Forward may update what it can still reach
+    (BatchNorm running stats, an unfilled alias of a replaced tensor); see ``replaced_originals``."""
     if isinstance(filled, ExpectedError):
         return None
     return replaced_originals(module, filled)

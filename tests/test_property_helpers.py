@@ -15,7 +15,14 @@ from swapspec.properties.common import (
 from swapspec.properties.examples import named_tensors, same_values
 from swapspec.properties.oracle import expand
 from swapspec.strategies import CallInput, build_tree
-from swapspec.strategies.trees import ContainerSpec, LeafSpec, TensorSpec, TieSpec, TreeSpec
+from swapspec.strategies.trees import (
+    ContainerSpec,
+    LeafSpec,
+    ShareSpec,
+    TensorSpec,
+    TieSpec,
+    TreeSpec,
+)
 
 X = torch.linspace(-1, 1, 8).reshape(2, 4)
 
@@ -53,6 +60,34 @@ def test_an_original_an_unfilled_alias_still_shows_is_not_replaced():
     shared = module.running_var
     c = call({"running_var": torch.ones(4)})
     assert id(shared) not in replaced_originals(module, filled_of(module, c))
+
+
+def rebinding_leaf_shared_beside_an_updating_one() -> torch.nn.Module:
+    """Leaf ``0`` rebinds its ``count`` (tied to its ``b0``) in forward and is shared as ``2``;
+    leaf ``1`` adds 1 to its own ``steps`` in place."""
+    return build_tree(TreeSpec(root=ContainerSpec(children=(
+        LeafSpec(tensors=(TensorSpec(name="b0", shape=(), dtype="int64", buffer=True),),
+                 behaviours=("rebind",)),
+        LeafSpec(behaviours=("inplace",)),
+    )), ties=(TieSpec(slots=(("0", "count"), ("0", "b0"))),),
+        shares=(ShareSpec(source="0", parent="", name="2"),)))
+
+
+def test_fc_restore_judges_values_by_the_call_before_forward_writes_back():
+    from swapspec.properties.test_functional_call import _expected as expected_before
+    from swapspec.properties.test_functional_call import _replaced
+
+    module = rebinding_leaf_shared_beside_an_updating_one()
+    count, steps = module[0].count, module[1].steps
+    given = torch.tensor(1)
+    c = call({"0.b0": given, "2.count": given}, tie_weights=True)
+    replaced = _replaced(module, expected_before(module, c))
+    reference.functional_call(module, c.tensors, c.args, c.kwargs, tie_weights=True)
+    assert c.tensors["2.count"] is not given, "forward's rebinding was not written back"
+    assert replaced is not None and id(count) in replaced
+    assert id(steps) not in replaced, "an unfilled buffer forward updates in place was judged"
+    # the mapping after the call names two values for one tie: judged then, it looked invalid
+    assert _replaced(module, expected_before(module, c)) is None
 
 
 def test_the_tied_batch_norm_call_changes_only_what_forward_can_reach():
