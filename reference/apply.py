@@ -6,6 +6,7 @@ This is the executable spec for ``nn.Module._apply`` (what ``to``, ``half``, ``c
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -98,6 +99,11 @@ def apply(
     12. A grad that carries an autograd graph (``backward(create_graph=True)``) keeps its
        ``requires_grad``. Its graph can hold the parameter, and then ``swap_tensors`` refuses
        the parameter: rule 4 rolls back, and the error notes the graph.
+    13. Swaps are checked before any is made (``_check_swappable``): ``swap_tensors`` marks
+       the AccumulateGrad node of every leaf it swaps unusable, and swapping back restores the
+       TensorImpl with that node, so a refusal found after an earlier swap would leave a
+       parameter whose next backward fails for as long as a graph holds the node. A parameter
+       (or grad) that ``swap_tensors`` would refuse is refused before anything changes.
     """
     overwrite = get_overwrite_module_params_on_conversion() if overwrite is None else overwrite
     swap = get_swap_module_params_on_conversion() if swap is None else swap
@@ -221,6 +227,7 @@ def _convert_all(fn: Callable[[Tensor], Tensor], tensors: list[Tensor]) -> dict[
 
 def _commit(params, buffers, results, *, overwrite: bool, swap: bool) -> None:
     """Rule 4: apply every change, undoing the ones already made if one fails."""
+    _check_swappable(params, results, overwrite=overwrite, swap=swap)
     undo: list[Callable[[], None]] = []
     try:
         for slots in params:
@@ -232,6 +239,61 @@ def _commit(params, buffers, results, *, overwrite: bool, swap: bool) -> None:
         for step in reversed(undo):
             step()
         raise
+
+
+def _check_swappable(params, results, *, overwrite: bool, swap: bool) -> None:
+    """Rule 13: raise rule 12's error for the first swap-path parameter or grad that
+    ``swap_tensors`` would refuse, before any is swapped; the cause says why."""
+    for slots in params:
+        param = slots.tensor
+        if choose_path(param, results[id(param)], overwrite=overwrite, swap=swap) != SWAP:
+            continue
+        grad = param.grad
+        param.grad = None  # as _swap_param does before its swap
+        try:
+            reason = _swap_refusal(param)
+            grad_reason = (_swap_refusal(grad) if grad is not None and results[id(grad)] is not grad
+                           else None)
+        finally:
+            param.grad = grad
+        if reason is not None:
+            raise _swap_error(slots, grad) from RuntimeError(reason)
+        if grad_reason is not None:
+            raise _grad_swap_error(slots) from RuntimeError(grad_reason)
+
+
+def _swap_refusal(t: Tensor) -> str | None:
+    """Why ``swap_tensors`` would refuse to swap ``t``'s contents, or None: a weak reference,
+    or a TensorImpl referenced from elsewhere than its object and its own AccumulateGrad node."""
+    if weakref.getweakrefs(t):
+        return "the tensor has a weakref associated with it"
+    count = t._use_count()
+    if count == 1:
+        return None
+    held = (f"the TensorImpl has {count} references, more than its object and its "
+            "AccumulateGrad node; something else holds it (a view, a saved tensor)")
+    if count > 2 or not t.is_leaf or not t.requires_grad:
+        return held
+    node = torch.autograd.graph.get_gradient_edge(t).node  # created here if it did not exist
+    created = t._use_count() > 2  # then the second reference was not the node's
+    del node
+    return held if created else None
+
+
+def _swap_error(slots: _Slots, grad: Tensor | None) -> RuntimeError:
+    """Rule 12's error for a refused parameter swap, noting a grad's graph."""
+    module, key = slots.where[0]
+    error = RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}")
+    if _carries_graph(grad):
+        error.add_note(f"{key}'s grad carries an autograd graph (backward(create_graph=True)) "
+                       "that can hold the parameter; clear or detach the grads first")
+    return error
+
+
+def _grad_swap_error(slots: _Slots) -> RuntimeError:
+    """Rule 7's error for a refused grad swap, torch's message."""
+    module, key = slots.where[0]
+    return RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}.grad")
 
 
 def _commit_param(slots: _Slots, results, undo, *, overwrite: bool, swap: bool) -> Tensor:
@@ -288,7 +350,6 @@ def _swap_param(slots: _Slots, param: Tensor, applied: Tensor, grad, undo) -> No
     """Swap path: the object stays, its contents (and grad, see rule 7) are replaced."""
     new = _as_parameter_like(param, applied)
     hooks = _tensor_hooks(param)
-    module, key = slots.where[0]
     if grad is not None:
         param.grad = None  # reading .grad holds a use count that blocks swap_tensors
     try:
@@ -296,11 +357,7 @@ def _swap_param(slots: _Slots, param: Tensor, applied: Tensor, grad, undo) -> No
     except Exception as e:
         if grad is not None:
             param.grad = grad
-        error = RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}")
-        if _carries_graph(grad):
-            error.add_note(f"{key}'s grad carries an autograd graph (backward(create_graph=True)) "
-                           "that can hold the parameter; clear or detach the grads first")
-        raise error from e
+        raise _swap_error(slots, grad) from e
     _carry_tensor_hooks(hooks, param)  # the hooks were registered on the swapped-out TensorImpl
 
     def swap_back() -> None:  # later steps are undone first, so param.grad is None again here
@@ -350,8 +407,7 @@ def _commit_grad(slots: _Slots, target: Tensor, grad: Tensor, applied: Tensor, p
         try:
             torch.utils.swap_tensors(grad, applied)
         except Exception as e:
-            module, key = slots.where[0]
-            raise RuntimeError(f"_apply(): Couldn't swap {module._get_name()}.{key}.grad") from e
+            raise _grad_swap_error(slots) from e
         undo.append(lambda: torch.utils.swap_tensors(grad, applied))
         _set_grad(target, grad, undo)
     elif path == SET_DATA and torch._has_compatible_shallow_copy_type(grad, applied):

@@ -230,6 +230,28 @@ def test_refused_swap_without_a_grad_graph_has_no_note(overwrite, grads):
     assert held() is lin.weight
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_swaps_are_checked_before_any_so_a_refusal_leaves_backward_usable(overwrite):
+    """Rule 13: after ``backward(create_graph=True)`` through two layers, ``1.weight`` is held by
+    ``0.weight``'s grad graph and is refused, while ``0.weight`` alone could be swapped. Nothing
+    is swapped, so while the error (and through its traceback the old grads' graphs) is still
+    held, the next backward runs and fills every grad."""
+    module = seeded(lambda: nn.Sequential(linear(), linear()))
+    module(X).pow(2).sum().backward(create_graph=True)
+    impls = {name: p._cdata for name, p in module.named_parameters()}
+    before = snapshot(module)
+    with pytest.raises(RuntimeError) as info:
+        reference.apply(module, double, overwrite=overwrite, swap=True)
+    assert str(info.value) == "_apply(): Couldn't swap Linear.weight"
+    assert "references" in str(info.value.__cause__)
+    assert {name: p._cdata for name, p in module.named_parameters()} == impls
+    assert_unchanged(before, module)
+    module.zero_grad(set_to_none=True)
+    module(X).sum().backward()  # raises if a swap marked an AccumulateGrad node unusable
+    assert all(p.grad is not None for p in module.parameters())
+    assert info.value is not None  # the error was held until here
+
+
 @pytest.mark.parametrize("overwrite", [False, True], ids=["set_data", "overwrite"])
 def test_grad_carrying_a_graph_keeps_requires_grad(overwrite):
     """Rule 12: off the swap path, a graph-carrying grad is converted and keeps requires_grad."""
