@@ -231,10 +231,9 @@ def while_judged(step: Callable) -> Callable:
     return run
 
 
-# steps before which garbage is collected: the build (no garbage of an earlier test or sequence
-# reaches this one), the steps whose outcome can depend on a swap being refused, and backward,
-# which fails on an AccumulateGrad node a swap marked unusable for as long as anything holds it
-COLLECTING_STEPS = ("build", "convert", "load_state_dict", "backward")
+# steps after which garbage is collected: the build (no garbage of an earlier test or sequence
+# reaches this one) and the steps whose outcome can depend on a swap being refused
+COLLECTING_STEPS = ("build", "convert", "load_state_dict")
 
 
 @contextlib.contextmanager
@@ -603,10 +602,8 @@ class SequenceMachine(RuleBasedStateMachine):
         Before the build and a step that may swap tensors (``COLLECTING_STEPS``) garbage is
         collected: a reference cycle left earlier (an exception's traceback holding an autograd
         graph) can keep a tensor's implementation referenced, and ``swap_tensors`` refuses such
-        a tensor; it can keep an AccumulateGrad node that a swap marked unusable alive, and a
-        backward reaching that node raises. Without it the step's outcome would depend on when
-        Python's collector last ran. These collections scan only what the sequence made (see
-        ``__init__``)."""
+        a tensor, so without it the step's outcome would depend on when Python's collector last
+        ran. These collections scan only what the sequence made (see ``__init__``)."""
         if step in COLLECTING_STEPS:
             gc.collect()
         return StepCheck(self.property_id, self.target,

@@ -155,7 +155,7 @@ def test_apply_keeps_tensor_hooks(target, module, earlier, conversion, flags, in
     """
     params = [p for p in distinct(list(module.parameters()))
               if p.requires_grad and not is_uninitialized(p)]
-    assume(params)  # a trainable parameter a full custom block root left out
+    assume(params)  # a safety net: needs=("trainable",) gives every tree one
     fired: Counter[str] = Counter()
     names_of = {id(p): [n for n, t in named_tensors(module).items() if t is p] for p in params}
     for p in params:

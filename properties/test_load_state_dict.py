@@ -242,7 +242,7 @@ def test_load_identity_on_swap_path(target, drawn):
     module, load = drawn
     example, check = _setup(target, "LOAD-IDENTITY", module, load)
     params = list({id(p): p for p in module.parameters()}.values())
-    assume(params)  # a full custom block root of buffers only
+    assume(params)  # a safety net: needs=("parameter",) gives every tree one
     records = {id(p): (type(p), dict(p.__dict__), p.requires_grad, p.grad) for p in params}
     optimizer = torch.optim.SGD(params, lr=0.0)
     fired: list[int] = []

@@ -613,12 +613,10 @@ def _first_tie(slots: list[Slot]) -> tuple[TieSpec, ...]:
 
 
 def _append_leaf(root: LeafSpec | ContainerSpec, leaf: LeafSpec) -> LeafSpec | ContainerSpec:
-    """``leaf`` as the root's last child (a leaf root first goes into a ``Sequential``); a full
-    custom block is left as it is. Call it before ties and shares are drawn."""
-    if isinstance(root, LeafSpec):
+    """``leaf`` as the root's last child; a leaf root, or a custom block whose children are all
+    taken, first goes into a ``Sequential``. Call it before ties and shares are drawn."""
+    if isinstance(root, LeafSpec) or (root.kind == "Block" and len(root.children) == len(BLOCK_NAMES)):
         return ContainerSpec("Sequential", (root, leaf))
-    if root.kind == "Block" and len(root.children) == len(BLOCK_NAMES):
-        return root
     return ContainerSpec(root.kind, (*root.children, leaf))
 
 
@@ -830,9 +828,10 @@ def module_trees(
       accepts every tensor: no training with ``create_graph=True``, whose grads' graphs hold
       the parameters, no catalogue module that keeps weak references to its parameters (RNNs),
       no ``fake`` world).
+      An added leaf is the root's last child; a leaf root, or a custom block root whose
+      children are all taken, first goes into a ``Sequential``.
       A tree with no leaf that can take the feature (no parameter at all; for ``'grad'``, every
-      parameter tied or decorated; a full custom block root for the needs that add a leaf) is
-      drawn as it is; so is, for ``'alias'`` and ``'tie'``, a tree whose training forward
+      parameter tied or decorated) is drawn as it is; so is, for ``'alias'`` and ``'tie'``, a tree whose training forward
       (``trained``) rebinds a tied buffer, which splits the tie.
 
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in

@@ -40,7 +40,16 @@ from swapspec.strategies.conversions import (
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 from swapspec.strategies.state_dicts import state_dicts
 from swapspec.strategies.torch_modules import CatalogueLeaf
-from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec, slot_values, tensor_values
+from swapspec.strategies.tree_draws import _with_none_slot
+from swapspec.strategies.trees import (
+    BLOCK_NAMES,
+    ContainerSpec,
+    LeafSpec,
+    TensorSpec,
+    TreeSpec,
+    slot_values,
+    tensor_values,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 X = torch.linspace(-1, 1, BATCH * FEATURES).reshape(BATCH, FEATURES)
@@ -422,6 +431,17 @@ def test_needs_give_every_tree_the_feature(need: str, data: st.DataObject) -> No
     options = NEED_OPTIONS.get(need, {"needs": (need,)})
     module = data.draw(module_trees(lazy=False, **options))
     assert NEED_CHECKS[need](module), f"a tree drawn with {options} lacks {need!r}"
+
+
+def test_a_full_block_root_gets_the_needed_leaf_beside_it() -> None:
+    """A custom block root whose children are all taken, none of which can take a None slot,
+    goes into a Sequential beside the added leaf (a random run once drew such a tree without
+    it)."""
+    full = ContainerSpec("Block", (LeafSpec(kind="BatchNorm1d"),) * len(BLOCK_NAMES))
+    root = _with_none_slot(full)
+    assert isinstance(root, ContainerSpec) and root.kind == "Sequential"
+    assert root.children[0] == full
+    assert _has_none_slot(build_tree(TreeSpec(root=root)))
 
 
 # trees that often meet swap refusals (RNN catalogue leaves, create_graph training)
