@@ -125,11 +125,16 @@ def _convert_and_commit(fn: Callable[[Tensor], Tensor], modules: list[nn.Module]
 
 def choose_path(param: Tensor, applied: Tensor, *, overwrite: bool, swap: bool) -> str:
     """Rule 5: the conversion path of one parameter."""
-    if swap or is_traceable_wrapper_subclass(applied):
+    if _takes_swap(applied, swap=swap):
         return SWAP
     if torch._has_compatible_shallow_copy_type(param, applied) and not overwrite and not _is_fake(applied):
         return SET_DATA
     return OVERWRITE
+
+
+def _takes_swap(applied: Tensor, *, swap: bool) -> bool:
+    """Rule 5: whether a parameter converted to ``applied`` takes the swap path."""
+    return swap or is_traceable_wrapper_subclass(applied)
 
 
 def _is_fake(t: Tensor) -> bool:
@@ -227,7 +232,7 @@ def _convert_all(fn: Callable[[Tensor], Tensor], tensors: list[Tensor]) -> dict[
 
 def _commit(params, buffers, results, *, overwrite: bool, swap: bool) -> None:
     """Rule 4: apply every change, undoing the ones already made if one fails."""
-    _check_swappable(params, results, overwrite=overwrite, swap=swap)
+    _check_swappable(params, results, swap=swap)
     undo: list[Callable[[], None]] = []
     try:
         for slots in params:
@@ -241,12 +246,12 @@ def _commit(params, buffers, results, *, overwrite: bool, swap: bool) -> None:
         raise
 
 
-def _check_swappable(params, results, *, overwrite: bool, swap: bool) -> None:
+def _check_swappable(params, results, *, swap: bool) -> None:
     """Rule 13: raise rule 12's error for the first swap-path parameter or grad that
     ``swap_tensors`` would refuse, before any is swapped; the cause says why."""
     for slots in params:
         param = slots.tensor
-        if choose_path(param, results[id(param)], overwrite=overwrite, swap=swap) != SWAP:
+        if not _takes_swap(results[id(param)], swap=swap):
             continue
         grad = param.grad
         param.grad = None  # as _swap_param does before its swap
@@ -268,16 +273,22 @@ def _swap_refusal(t: Tensor) -> str | None:
     if weakref.getweakrefs(t):
         return "the tensor has a weakref associated with it"
     count = t._use_count()
-    if count == 1:
+    if count == 1 or (count == 2 and _held_by_own_node(t)):
         return None
-    held = (f"the TensorImpl has {count} references, more than its object and its "
+    return (f"the TensorImpl has {count} references, more than its object and its "
             "AccumulateGrad node; something else holds it (a view, a saved tensor)")
-    if count > 2 or not t.is_leaf or not t.requires_grad:
-        return held
+
+
+def _held_by_own_node(t: Tensor) -> bool:
+    """Whether the one reference to ``t``'s TensorImpl beside its object is its AccumulateGrad
+    node: ``t`` is a leaf that requires grad, and asking for the node did not create it."""
+    if not (t.is_leaf and t.requires_grad):
+        return False
+    count = t._use_count()
     node = torch.autograd.graph.get_gradient_edge(t).node  # created here if it did not exist
-    created = t._use_count() > 2  # then the second reference was not the node's
+    created = t._use_count() > count
     del node
-    return held if created else None
+    return not created
 
 
 def _swap_error(slots: _Slots, grad: Tensor | None) -> RuntimeError:

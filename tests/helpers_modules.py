@@ -6,6 +6,8 @@ touches the global RNG.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -16,6 +18,17 @@ FLAG_SETTINGS = [(False, False), (True, False), (False, True), (True, True)]
 FLAG_IDS = ["default", "overwrite", "swap", "overwrite+swap"]
 # Parametrizes a test over the four flag settings (arguments ``overwrite``, ``swap``).
 flag_settings = pytest.mark.parametrize(("overwrite", "swap"), FLAG_SETTINGS, ids=FLAG_IDS)
+
+
+@contextmanager
+def torch_swap_flag_set() -> Iterator[None]:
+    """Set ``torch.__future__``'s swap flag inside the block; restore it after, even on failure."""
+    saved = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        yield
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(saved)
 
 
 def randn(*shape: int, seed: int = 0) -> Tensor:

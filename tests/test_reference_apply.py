@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
@@ -146,6 +147,7 @@ def test_set_data_detector_sees_compatible_change(data_setter_calls):
         (lambda t: t.to("meta"), False, True, "swap"),
         (lambda t: TwoTensor(t, t), False, False, "swap"),
         (lambda t: t.detach(), False, False, "set_data"),
+        (lambda t: FakeTensorMode().from_tensor(t), False, False, "overwrite"),  # compatible type
     ],
 )
 def test_choose_path(applied, overwrite, swap, path):
@@ -461,27 +463,133 @@ def test_refused_grad_swap_is_rolled_back_with_torchs_message(overwrite):
     with pytest.raises(RuntimeError) as torch_info:
         twin._apply(double)
     assert str(info.value) == str(torch_info.value) == "_apply(): Couldn't swap Linear.weight.grad"
+    assert str(info.value.__cause__) == "the tensor has a weakref associated with it"  # rule 13
     assert_unchanged(before, lin)
     assert ref() is lin.weight.grad and twin_ref() is not None
 
 
-def test_refused_swap_after_set_data_and_replaced_grad_restores_both():
-    """Rule 4: a refusal undoes a set_data step and a replaced grad made before it (paths mixed)."""
+@pytest.mark.parametrize("bias_result", ["refused", "integer"])
+def test_failure_after_set_data_and_replaced_grad_restores_both(bias_result):
+    """Rules 4 and 13: with paths mixed (the weight takes set_data, its sparse grad is replaced, the
+    bias is swapped), a bias the check refuses changes nothing, and a bias that fails in its commit
+    undoes the weight's set_data and its replaced grad."""
     lin = linear()
     lin.weight.grad = torch.ones(3, 3).to_sparse()  # its dense result is incompatible: replaced
     before = snapshot(lin)
-    ref = weakref.ref(lin.bias)
+    ref = weakref.ref(lin.bias) if bias_result == "refused" else None
 
     def fn(t):  # matrices and their grads: + 1, dense (set_data, replaced); vectors: TwoTensor (swap)
         if t.dim() == 1:
-            return TwoTensor(t + 1, t + 1)
+            value = t + 1 if bias_result == "refused" else (t + 1).long()  # no Parameter takes it
+            return TwoTensor(value, value)
         return (t.to_dense() if t.is_sparse else t) + 1
 
-    with pytest.raises(RuntimeError, match=r"^_apply\(\): Couldn't swap Linear\.bias$"):
+    with pytest.raises(RuntimeError) as info:
         reference.apply(lin, fn, overwrite=False, swap=False)
+    if bias_result == "refused":
+        assert str(info.value) == "_apply(): Couldn't swap Linear.bias"
+        assert str(info.value.__cause__) == "the tensor has a weakref associated with it"
+        assert ref() is lin.bias
+    else:
+        assert "floating point dtype" in str(info.value)
     assert_unchanged(before, lin)
-    assert lin.weight.grad.is_sparse and ref() is lin.bias
+    assert lin.weight.grad.is_sparse
 
+
+# The tensors of ``_module_for_atomicity`` that require grad, in commit order; an integer result
+# for one of them fails its commit (neither ``Parameter``, ``.data =`` nor ``requires_grad_`` takes
+# an integer tensor that requires grad).
+REQUIRING_GRAD = ["tied.enc.weight", "tied.enc.weight.grad", "shared.a.bias", "tagged.p"]
+
+
+def _tensor_named(module: nn.Module, name: str) -> torch.Tensor:
+    if name.endswith(".grad"):
+        return module.get_parameter(name.removesuffix(".grad")).grad
+    return module.get_parameter(name)
+
+
+@flag_settings
+@pytest.mark.parametrize("failing", REQUIRING_GRAD)
+def test_commit_failing_midway_is_rolled_back(overwrite, swap, failing):
+    """Rule 4: a commit that fails at one tensor undoes every change made before it, on every
+    path: swapped, ``.data =`` and rebound parameters, their grads and tied slots, and the tensor
+    hooks carried by a swap; the error propagates unchanged."""
+    m = _module_for_atomicity()
+    fired = []
+    m.tied.enc.weight.register_hook(lambda g: fired.append(g.dtype))
+    target = _tensor_named(m, failing)
+    before = snapshot(m)
+
+    def fn(t):
+        return t.long() if t is target else double(t)
+
+    with pytest.raises(RuntimeError, match=r"(floating point|complex) dtype"):
+        reference.apply(m, fn, overwrite=overwrite, swap=swap)
+    assert_unchanged(before, m)
+    assert m.tied.enc.weight is m.tied.dec.weight and m.shared.a is m.shared.b
+    assert m.tied.enc.scale is m.tied.dec.scale
+    m.tied(torch.ones(1, 3)).sum().backward()
+    assert fired == [torch.float32], "the parameter's hook does not fire once after the rollback"
+
+
+def _swap_tensors_refusing_call(k: int, monkeypatch) -> list[int]:
+    """Make ``torch.utils.swap_tensors`` raise on its ``k``-th call (0-based), as for a refusal
+    ``_check_swappable`` cannot foresee; return the list of calls made so far."""
+    real = torch.utils.swap_tensors
+    calls: list[int] = []
+
+    def swap_tensors(t1, t2):
+        calls.append(len(calls))
+        if len(calls) - 1 == k:
+            raise RuntimeError("refused by the test")
+        real(t1, t2)
+
+    monkeypatch.setattr(torch.utils, "swap_tensors", swap_tensors)
+    return calls
+
+
+SWAPS_OF_ATOMICITY_MODULE = 13  # 7 distinct parameters and the 6 grads of ``_module_for_atomicity``
+
+
+def test_atomicity_module_makes_expected_swap_count(monkeypatch):
+    """Rule 4: (setup) the swap path makes SWAPS_OF_ATOMICITY_MODULE calls to ``swap_tensors``."""
+    calls = _swap_tensors_refusing_call(-1, monkeypatch)
+    reference.apply(_module_for_atomicity(), double, swap=True)
+    assert len(calls) == SWAPS_OF_ATOMICITY_MODULE
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("k", range(SWAPS_OF_ATOMICITY_MODULE))
+def test_swap_refused_at_kth_call_is_rolled_back(overwrite, k, monkeypatch):
+    """Rules 4 and 7: a swap that ``swap_tensors`` refuses only when it is made (the check before
+    found nothing) undoes the swaps before it, puts the refused parameter's grad back, and names
+    the parameter, or its grad, as torch does, with the refusal as the cause."""
+    m = _module_for_atomicity()
+    before = snapshot(m)
+    calls = _swap_tensors_refusing_call(k, monkeypatch)
+    with pytest.raises(RuntimeError, match=r"^_apply\(\): Couldn't swap \w+\.\w+(\.grad)?$") as info:
+        reference.apply(m, double, overwrite=overwrite, swap=True)
+    assert str(info.value.__cause__) == "refused by the test"
+    assert len(calls) > k
+    monkeypatch.undo()
+    assert_unchanged(before, m)
+    assert m.tied.enc.weight is m.tied.dec.weight and m.shared.a is m.shared.b
+
+
+
+def test_swap_refused_when_made_notes_a_grad_graph(monkeypatch):
+    """Rules 4 and 12: a parameter swap refused when it is made, whose grad carries an autograd
+    graph, is rolled back (the grad put back) and its error notes the graph."""
+    lin = linear()
+    lin.weight.grad = torch.ones(3, 3, requires_grad=True) * 2  # a graph that does not hold weight
+    before = snapshot(lin)
+    _swap_tensors_refusing_call(0, monkeypatch)
+    with pytest.raises(RuntimeError) as info:
+        reference.apply(lin, double, swap=True)
+    assert str(info.value) == "_apply(): Couldn't swap Linear.weight"
+    assert any("carries an autograd graph" in note for note in info.value.__notes__)
+    monkeypatch.undo()
+    assert_unchanged(before, lin)
 
 def test_grad_that_fn_returns_unchanged_is_not_swapped():
     """Rule 7: on the swap path a grad ``fn`` returns as it is stays, so a weakref to it is no obstacle."""

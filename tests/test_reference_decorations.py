@@ -35,6 +35,7 @@ from tests.helpers_modules import (
     linear,
     randn,
     snapshot,
+    torch_swap_flag_set,
 )
 
 pytestmark = pytest.mark.filterwarnings(
@@ -251,6 +252,76 @@ def test_swaps_are_checked_before_any_so_a_refusal_leaves_backward_usable(overwr
     assert all(p.grad is not None for p in module.parameters())
     assert info.value is not None  # the error was held until here
 
+
+def _held(count: int) -> str:
+    return (f"the TensorImpl has {count} references, more than its object and its "
+            "AccumulateGrad node; something else holds it (a view, a saved tensor)")
+
+
+def _viewed_under_no_grad(p: nn.Parameter) -> list[object]:
+    with torch.no_grad():
+        return [p[:1]]  # the view holds p's TensorImpl as its base; no AccumulateGrad node yet
+
+
+# Ways a parameter's TensorImpl can be held, each returning what holds it; the reason the
+# reference gives for refusing the swap (None: no refusal), counting the object's own reference.
+HOLDERS = {
+    "nothing": (lambda p: [], None),
+    "a weakref": (lambda p: [weakref.ref(p)], "the tensor has a weakref associated with it"),
+    "its AccumulateGrad node": (lambda p: [p * 2], None),
+    "a view": (lambda p: [p[:1]], _held(3)),  # the view's base, and the node its graph holds
+    "a saved tensor": (lambda p: [p * p], _held(4)),  # saved twice, beside the node
+    "a view under no_grad": (_viewed_under_no_grad, _held(2)),
+    "a view of a frozen parameter": (lambda p: [p.requires_grad_(False)[:1]], _held(2)),
+}
+
+
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_swap_check_agrees_with_torchs_swap(holder):
+    """Rule 13: the check before the swaps refuses exactly the parameters whose swap torch's
+    ``_apply`` refuses, and its cause says what holds the TensorImpl."""
+    hold, reason = HOLDERS[holder]
+    results = {}
+    for name, run in (("reference", lambda m: reference.apply(m, double, swap=True)),
+                      ("torch", lambda m: m._apply(double))):
+        module = nn.Module()
+        module.p = nn.Parameter(randn(3, seed=44))
+        held = hold(module.p)
+        try:
+            with torch_swap_flag_set():
+                run(module)
+            results[name] = None
+        except RuntimeError as error:
+            assert str(error) == "_apply(): Couldn't swap Module.p", f"{name}: {error}"
+            results[name] = str(error.__cause__) if name == "reference" else "refused"
+        del held
+    assert results["reference"] == reason, f"the reference's cause for {holder}"
+    assert (results["torch"] is None) == (reason is None), f"torch's outcome for {holder}"
+
+
+
+@pytest.mark.parametrize("viewed", [False, True], ids=["alone", "viewed"])
+def test_swap_check_agrees_with_torch_on_a_grad_carrying_a_graph(viewed):
+    """Rule 13: a grad that carries a graph (not a leaf, so no AccumulateGrad node of its own) is
+    swapped while its object alone holds it, and refused, as torch refuses it, once a view does."""
+    outcomes = {}
+    for name, run in (("reference", lambda m: reference.apply(m, double, swap=True)),
+                      ("torch", lambda m: m._apply(double))):
+        module = nn.Module()
+        module.p = nn.Parameter(randn(3, seed=45))
+        module.p.grad = randn(3, seed=46).requires_grad_() * 2  # its graph does not hold p
+        with torch.no_grad():
+            held = [module.p.grad[:1]] if viewed else []
+        try:
+            with torch_swap_flag_set():
+                run(module)
+            outcomes[name] = "swapped"
+        except RuntimeError as error:
+            assert str(error) == "_apply(): Couldn't swap Module.p.grad", f"{name}: {error}"
+            outcomes[name] = str(error.__cause__) if name == "reference" else "refused"
+        del held
+    assert outcomes["torch"] == ("refused" if viewed else "swapped")
+    assert outcomes["reference"] == (_held(2) if viewed else "swapped")
 
 @pytest.mark.parametrize("overwrite", [False, True], ids=["set_data", "overwrite"])
 def test_grad_carrying_a_graph_keeps_requires_grad(overwrite):
