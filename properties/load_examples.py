@@ -102,7 +102,16 @@ def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
     unexpected = [k for k in given if k not in own]
     bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
     fitting = {k: v for k, v in given.items() if k not in bad}
-    return KeyModel(missing, unexpected, bad, conflicting_groups(module, fitting))
+    loaded = {**_filled_values(own, filled - set(given)), **fitting}
+    return KeyModel(missing, unexpected, bad, conflicting_groups(module, loaded))
+
+
+def _filled_values(own: dict[str, Any], keys: set[str]) -> dict[str, Tensor]:
+    """The values a batch norm's ``_load_from_state_dict`` puts in for these absent
+    ``num_batches_tracked`` keys: its own buffer, or ``tensor(0)`` for a meta one. They are
+    loaded like given values, so they can conflict with a tied key's given value."""
+    return {k: own[k] if not own[k].is_meta else torch.tensor(0, dtype=torch.long)
+            for k in keys}
 
 
 def _spectral_norm_missing(module: nn.Module, given: dict[str, Any]) -> list[str]:

@@ -103,6 +103,11 @@ class ModuleModel:
     # until the grads are cleared. No backward runs then (a misuse torch documents).
     poisoned: bool = False
     graph_backward: bool = False  # a backward(create_graph=True) ran since the grads were cleared
+    # A tensor left the module while its grad carried an autograd graph: that graph lives on
+    # (a reference cycle through the tensor's AccumulateGrad node) and can hold the module's
+    # tensors (a batch norm saves its running stats, a linear its weight), so a swap may be
+    # refused. zero_grad does not reach it; only a deepcopy (all new objects) leaves it behind.
+    orphan_graph: bool = False
 
     # ---- reading a module (the build, and resyncing after a declared deviation) ----
 
@@ -179,6 +184,12 @@ class ModuleModel:
 
     # ---- operations ------------------------------------------------------------------
 
+    def holds_graphs(self) -> bool:
+        """Whether an autograd graph from a ``backward(create_graph=True)`` may hold the
+        module's tensors: one ran since the grads were cleared, a grad carries one, or a tensor
+        that left the module carried one (``orphan_graph``)."""
+        return self.graph_backward or self.orphan_graph or any(t.grad_graph for t in self.tensors)
+
     def convert(self, make_fn: Callable[[], Callable], overwrite: bool, swap: bool,
                 preserves_values: bool = True) -> Prediction:
         """``apply(module, fn, overwrite=..., swap=...)`` (reference rules 3-8, 11, 12).
@@ -196,13 +207,14 @@ class ModuleModel:
                          if t.parameter and t.grad is not None}
         except Exception as e:
             return Prediction(error=type(e))
-        graphs = self.graph_backward or any(t.grad_graph for t in self.tensors)
+        graphs = self.holds_graphs()
         for i, state in enumerate(self.tensors):
             applied = results[i]
             path = (expected_path(state.value, applied, overwrite, swap) if state.parameter
                     else "rebind")
             may_refuse |= path == "swap" and graphs
             keeps = path in ("set_data", "swap")
+            self.orphan_graph |= not keeps and state.grad_graph
             new.append(dataclasses.replace(
                 state, value=_copy(applied), values_known=state.values_known and preserves_values,
                 obj=state.obj if keeps else None,
@@ -327,7 +339,7 @@ class ModuleModel:
         """``copy.deepcopy(module)``: same values in new objects, parameters without grads
         (``Parameter.__deepcopy__`` copies the data only); tensor hooks and the optimizer stay
         with the old objects."""
-        self.poisoned = self.graph_backward = False
+        self.poisoned = self.graph_backward = self.orphan_graph = False
         for state in self.tensors:
             state.obj = None
             state.grad, state.grad_graph = None, False
@@ -366,10 +378,10 @@ class ModuleModel:
                    for i, v in values.items()}
         except Exception as e:
             return Prediction(error=type(e))
-        may_refuse = path == "swap" and bool(values) and (
-            self.graph_backward or any(t.grad_graph for t in self.tensors))
+        may_refuse = path == "swap" and bool(values) and self.holds_graphs()
         self.poisoned |= may_refuse
         for i, state in new.items():
+            self.orphan_graph |= self.tensors[i].grad_graph and state.obj is None
             self.tensors[i] = state
         for hook in self.hooks:
             hook.live = hook.live and (hook.index is None or self.tensors[hook.index].obj is not None)
@@ -453,6 +465,7 @@ class ModuleModel:
         state = self.tensors[index]
         self.tensors[index] = dataclasses.replace(
             state, names=tuple(n for n in state.names if n not in names))
+        self.orphan_graph |= state.grad_graph and not self.tensors[index].names
         kept = [i for i, t in enumerate(self.tensors) if t.names]
         remap = {i: kept.index(i) if i in kept else None for i in range(len(self.tensors))}
         if self.optimizer is not None:

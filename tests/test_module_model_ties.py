@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from swapspec import reference
 from swapspec.properties.common import conversion_named
 from swapspec.properties.examples import named_tensors
 from swapspec.properties.module_model import UNNAMED, ModuleModel
@@ -20,6 +22,7 @@ from swapspec.properties.sequences import (
     SequenceMachine,
     check_state,
     count_hooks,
+    load_value,
     own_copy,
     run_backward,
     shifted,
@@ -217,3 +220,35 @@ def test_a_vmap_step_leaving_an_escaped_tensor_stops_judging(_: None) -> None:
     machine.vmap(_Scripted([0, 1]))
     assert not machine.judged
     assert torch._C._functorch.is_batchedtensor(machine.module.get_submodule("0").p0)
+
+
+GRAPH_TRAINED_NORM = TreeSpec(
+    root=ContainerSpec(kind="Sequential",
+                       children=(LeafSpec(), LeafSpec(kind="BatchNorm1d"), LeafSpec())),
+    trained="backward-create-graph")
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_a_tie_dropping_a_graph_carrying_grad_lets_a_later_swap_be_refused(tie: bool) -> None:
+    """Rule: a tensor that leaves the module while its grad carries an autograd graph (a
+    ``backward(create_graph=True)``) keeps that graph alive, and it holds the batch norm's
+    running stats, so after ``zero_grad`` a swapping load may still be refused: the model allows
+    the refusal exactly then (``may_refuse``), and the reference refuses exactly then."""
+    model, module = _both(GRAPH_TRAINED_NORM)
+    if tie:
+        _tie(model, module, "1.weight", "1.bias")
+    module.zero_grad(set_to_none=False)
+    model.zero_grad(set_to_none=False)
+    state_dict = module.state_dict()
+    values: dict[int, torch.Tensor] = {}
+    for key in state_dict:
+        index = model.slots[key]
+        state_dict[key] = values.setdefault(
+            index, load_value(model.tensors[index].value, "other-values"))
+    prediction = model.load(values, assign=False, swap=True, own=False)
+    try:
+        reference.load_state_dict(module, state_dict, strict=True, swap=True)
+        refused = False
+    except RuntimeError as error:
+        refused = "running_mean" in str(error)
+    assert (prediction.may_refuse, refused) == (tie, tie)

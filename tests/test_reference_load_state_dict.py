@@ -927,6 +927,32 @@ def test_key_model_counts_the_missing_keys_old_spectral_norm_adds(dropped, metad
     assert sorted(torch_keys.missing_keys) == sorted(reference_keys.missing_keys) == sorted(model.missing)
 
 
+@pytest.mark.parametrize("count", ["own", "other"])
+def test_key_model_counts_a_batch_norms_filled_in_count_as_loaded(count):
+    """Rule 6 with a class's own ``_load_from_state_dict``: a batch norm shared under two names,
+    one ``num_batches_tracked`` key given and the other absent (no version metadata), loads its
+    own count under the absent key; a given count of another value conflicts with it. The key
+    model agrees with the reference on both."""
+    from swapspec.properties.load_examples import key_model
+
+    norm = nn.BatchNorm1d(2)
+    module = nn.Sequential(norm, norm)
+    given = dict(module.state_dict())
+    del given["0.num_batches_tracked"]
+    if count == "other":
+        given["1.num_batches_tracked"] = torch.tensor(7)
+    model = key_model(module, given)
+    try:
+        reference.load_state_dict(module, given, strict=False)
+        message = None
+    except RuntimeError as error:
+        message = str(error)
+    conflict = ['0.num_batches_tracked', '1.num_batches_tracked']
+    assert model.conflicts == ([conflict] if count == "other" else [])
+    assert (message is not None) == model.fails(strict=False) == (count == "other")
+    assert message is None or all(f'"{k}"' in message for k in conflict)
+
+
 @pytest.mark.parametrize("bad", ["0.weight", "1.bias", "missing"])
 def test_rule8_a_load_failing_on_its_input_swaps_nothing_so_backward_still_runs(bad):
     """After ``backward(create_graph=True)`` through two layers each grad holds a graph over
