@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,21 +132,39 @@ def snapshot_for_apply(module: nn.Module, make_fn: Callable[[], Callable],
 
 
 def refused_by_swap(module: nn.Module) -> set[str]:
-    """Names of the parameters ``swap_tensors`` refuses, probed on a fresh build of the tree.
+    """Names of the parameters ``swap_tensors`` refuses, read on the module as it is now.
 
     Only trees trained with ``backward(create_graph=True)`` have any: their grads' autograd
-    graphs can hold parameters (a use count ``swap_tensors`` refuses); and trees built under
-    ``FakeTensorMode``, whose mode holds a weak reference to every fake parameter. Each parameter of the
-    copy is swapped with a same-valued one and straight back, its grad cleared meanwhile, as a
-    conversion does. (Probing the module itself would poison its AccumulateGrad nodes.)
+    graphs can hold parameters (a use count ``swap_tensors`` refuses), and so can the
+    AccumulateGrad node a parameter had before a conversion changed its dtype on the ``.data``
+    path; and trees built under ``FakeTensorMode``, whose mode holds a weak reference to every
+    fake parameter. The module itself is read, after whatever conversions it went through,
+    with ``swap_tensors``' own checks and no swap (``swap_tensors_takes``).
     """
     info = tree_info(module)
     if info.spec.trained != "backward-create-graph" and info.spec.world != "fake":
         return set()
-    copy = info.build()
-    params = distinct([p for p in copy.parameters() if not is_uninitialized(p)])
-    refused = {id(p) for p in params if not _swappable(p)}
-    return {name for name, p in copy.named_parameters(remove_duplicate=False) if id(p) in refused}
+    return {name for name, p in module.named_parameters(remove_duplicate=False)
+            if not is_uninitialized(p) and not swap_tensors_takes(p)}
+
+
+def swap_tensors_takes(t: Tensor) -> bool:
+    """Whether ``torch.utils.swap_tensors`` takes ``t`` now, by its own checks, read without
+    swapping (a swap would leave its AccumulateGrad node unusable): no weak reference to it,
+    and its TensorImpl held by its object alone, or also by its own AccumulateGrad node (the
+    one ``get_gradient_edge`` finds without making a new one). A leaf held twice that does not
+    require grad is refused, as ``swap_tensors`` refuses it (``get_gradient_edge`` raises)."""
+    if weakref.getweakrefs(t):
+        return False
+    count = t._use_count()
+    if count == 1:
+        return True
+    if count > 2 or not (t.is_leaf and t.requires_grad):
+        return False
+    node = torch.autograd.graph.get_gradient_edge(t).node  # made here if it did not exist
+    made = t._use_count() > count
+    del node
+    return not made
 
 
 def _swappable(param: nn.Parameter) -> bool:

@@ -3,6 +3,9 @@ given tensors that alias slots nobody gave, and forwards that update tensors in 
 
 from __future__ import annotations
 
+import weakref
+
+import pytest
 import torch
 
 from swapspec import reference
@@ -10,7 +13,9 @@ from swapspec.properties.common import (
     copy_outcome,
     loaded_copy,
     module_state,
+    refused_by_swap,
     replaced_originals,
+    swap_tensors_takes,
 )
 from swapspec.properties.examples import named_tensors, same_values
 from swapspec.properties.oracle import expand
@@ -215,3 +220,59 @@ def test_a_forward_only_the_converted_module_fails_is_the_conversions_fault():
     broken = Outcome(error=RuntimeError("the converted module lost its weight"))
     assert not fails_without_the_conversion(module, X, broken), (
         "a fresh build runs, so an error only the converted module raises is the conversion's")
+
+
+def _node_orphaned_by_a_dtype_change(p: torch.nn.Parameter) -> list[object]:
+    out = p * 2  # the graph holds p's AccumulateGrad node, which holds p's TensorImpl
+    p.data = p.data.half()  # a new dtype: p gets a new node later, the old one still holds p
+    return [out]
+
+
+def _viewed_without_grad(p: torch.nn.Parameter) -> list[object]:
+    with torch.no_grad():
+        return [p[:1]]
+
+
+# Ways a tensor's TensorImpl can be held, each returning what holds it.
+SWAP_HOLDERS = {
+    "nothing": lambda p: [],
+    "a weakref": lambda p: [weakref.ref(p)],
+    "its AccumulateGrad node": lambda p: [p * 2],
+    "a view": lambda p: [p[:1]],
+    "a saved tensor": lambda p: [p * p],
+    "a view under no_grad": _viewed_without_grad,
+    "a view of a frozen parameter": lambda p: [p.requires_grad_(False)[:1]],
+    "an old AccumulateGrad node after a dtype change": _node_orphaned_by_a_dtype_change,
+}
+
+
+@pytest.mark.parametrize("holder", list(SWAP_HOLDERS))
+def test_swap_tensors_takes_agrees_with_swap_tensors(holder):
+    """``swap_tensors_takes`` (the APPLY properties' reading of which swaps torch allows)
+    says, without swapping, what ``torch.utils.swap_tensors`` then does, for each holder of a
+    parameter's TensorImpl."""
+    p = torch.nn.Parameter(torch.linspace(-1, 1, 3))
+    held = SWAP_HOLDERS[holder](p)
+    predicted = swap_tensors_takes(p)
+    try:
+        torch.utils.swap_tensors(p, torch.nn.Parameter(p.detach().clone()))
+        swapped = True
+    except RuntimeError:
+        swapped = False
+    del held
+    assert predicted == swapped
+
+
+def test_refused_by_swap_reads_the_module_after_its_conversions():
+    """A ``MultiheadAttention`` trained with ``backward(create_graph=True)`` whose parameters a
+    ``.data``-path ``half()`` gave a new dtype: the grads' graphs hold the parameters' old
+    AccumulateGrad nodes, so ``swap_tensors`` refuses them now, though a fresh build takes
+    them (the case a soak run met on APPLY-FORWARD)."""
+    spec = TreeSpec(root=LeafSpec(kind="catalogue", entry="nn.MultiheadAttention"),
+                    trained="backward-create-graph")
+    module = build_tree(spec)
+    assert refused_by_swap(module) == set()
+    reference.apply(module, lambda t: t.half(), overwrite=False, swap=False)
+    assert "inner.out_proj.weight" in refused_by_swap(module)
+    with pytest.raises(RuntimeError, match="Couldn't swap"):
+        reference.apply(module, lambda t: t.float(), overwrite=False, swap=True)
