@@ -138,14 +138,25 @@ def refused_by_swap(module: nn.Module) -> set[str]:
     graphs can hold parameters (a use count ``swap_tensors`` refuses), and so can the
     AccumulateGrad node a parameter had before a conversion changed its dtype on the ``.data``
     path; and trees built under ``FakeTensorMode``, whose mode holds a weak reference to every
-    fake parameter. The module itself is read, after whatever conversions it went through,
-    with ``swap_tensors``' own checks and no swap (``swap_tensors_takes``).
+    fake parameter. A parameter counts when its grad is refused too (a view or a graph can hold
+    the grad). The module itself is read, after whatever conversions it went through, with
+    ``swap_tensors``' own checks and no swap (``swap_tensors_takes``).
     """
     info = tree_info(module)
     if info.spec.trained != "backward-create-graph" and info.spec.world != "fake":
         return set()
     return {name for name, p in module.named_parameters(remove_duplicate=False)
-            if not is_uninitialized(p) and not swap_tensors_takes(p)}
+            if not is_uninitialized(p) and not (swap_tensors_takes(p) and _grad_swappable(p))}
+
+
+def _grad_swappable(param: nn.Parameter) -> bool:
+    """Whether ``swap_tensors`` takes the parameter's grad, read with the grad taken off the
+    parameter meanwhile (as a conversion does: the parameter's own reference would count)."""
+    grad, param.grad = param.grad, None
+    try:
+        return grad is None or swap_tensors_takes(grad)
+    finally:
+        param.grad = grad
 
 
 def swap_tensors_takes(t: Tensor) -> bool:

@@ -276,3 +276,16 @@ def test_refused_by_swap_reads_the_module_after_its_conversions():
     assert "inner.out_proj.weight" in refused_by_swap(module)
     with pytest.raises(RuntimeError, match="Couldn't swap"):
         reference.apply(module, lambda t: t.float(), overwrite=False, swap=True)
+
+
+def test_refused_by_swap_counts_a_parameter_whose_grad_is_held():
+    """A parameter ``swap_tensors`` takes whose grad something else holds (here a view): the
+    conversion swaps the grad too and is refused there, so the parameter counts as refused."""
+    module = build_tree(TreeSpec(root=LeafSpec(kind="Linear"), trained="backward-create-graph"))
+    assert refused_by_swap(module) == set()
+    with torch.no_grad():
+        held = module.weight.grad[:1]
+    assert refused_by_swap(module) == {"weight"}
+    with pytest.raises(RuntimeError, match=r"Couldn't swap .*\.weight\.grad"):
+        reference.apply(module, lambda t: t.double(), overwrite=False, swap=True)
+    del held
