@@ -38,7 +38,10 @@ class Deviation:
     - ``applies``: a predicate over the drawn example (``properties.examples.Example``),
       evaluated before the target runs, that is true exactly where the deviation shows.
     - ``observed``: the clause code the target violates there, or a tuple of codes of
-      which the example must violate at least one (one bug, several symptoms).
+      which the example must violate at least one (one bug, several symptoms). ``"crash"``
+      (``CRASH``) declares that the target kills the interpreter there, or leaves the module
+      so broken that reading it does: a property that calls ``Checker.skips_declared_crash``
+      then does not run the target on the example (a test runs the repro in a subprocess).
     - ``reason``: why, with a link and a minimal repro.
     - ``torch_versions``: ``(lowest, below)`` bounds on ``torch.__version__`` where the
       deviation holds (``None`` for no bound), for deviations of some torch releases only.
@@ -122,6 +125,7 @@ class Violation:
 
 
 SOMETIMES_MIN_REGION = 10
+CRASH = "crash"  # the clause of a declared crash (see ``Deviation.observed``)
 
 # Observed deviations in this process: (property_id, target_name, clause) -> examples.
 OBSERVED: Counter[tuple[str, str, str]] = Counter()
@@ -157,6 +161,20 @@ class Checker:
             and d.applies(self.example)
         ]
         crashes.record(self.property_id, self.target, self.example)
+
+    def skips_declared_crash(self) -> bool:
+        """Whether a declaration says the target crashes on this example (clause ``CRASH``).
+
+        If so, the example counts as that declared deviation shown, and the property must
+        return without running the target: nothing can judge a dead interpreter. A property
+        that runs the target anyway reaches ``verdict``, where the declaration is stale.
+        """
+        crashing = [d for d in self.declared if CRASH in d.clauses]
+        if not crashing:
+            return False
+        self.declared = crashing
+        self._count({CRASH})
+        return True
 
     def that(self, holds: bool, clause: str, message: str, code: str | None = None) -> bool:
         """Record a violation of ``clause`` unless ``holds``; return ``holds``."""

@@ -197,6 +197,27 @@ def test_a_sequence_step_counts_each_declaration_that_applied_and_whether_it_sho
                                                ("SEQ-STATE", "planted", quiet.key): 0}
 
 
+def test_a_declared_crash_skips_the_example_and_counts_only_itself():
+    crash, other = _always(deviations.CRASH), _always("tie-split")
+    check = Checker("APPLY-TIES", _target(crash, other), EXAMPLE)
+    assert check.skips_declared_crash()
+    assert dict(deviations.OBSERVED) == {("APPLY-TIES", "planted", deviations.CRASH): 1}
+    assert dict(deviations.DECLARED) == {("APPLY-TIES", "planted", crash.key): 1}
+    assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", crash.key): 1}
+
+
+def test_without_a_crash_declaration_nothing_is_skipped_or_counted():
+    check = Checker("APPLY-TIES", _target(_always("tie-split")), EXAMPLE)
+    assert not check.skips_declared_crash()
+    assert not deviations.OBSERVED and not deviations.DECLARED
+
+
+def test_a_declared_crash_the_target_survived_is_stale():
+    check = Checker("APPLY-TIES", _target(_always(deviations.CRASH)), EXAMPLE)
+    with pytest.raises(ConformanceError, match=r"stale deviation \[crash\]"):
+        check.verdict()
+
+
 def test_survey_mode_counts_undeclared_and_stale_instead_of_raising(monkeypatch):
     monkeypatch.setenv("SWAPSPEC_SURVEY", "1")
     stale = _always("tie-split", torch_versions=(None, "1.0"))  # outside the range: applies anyway
@@ -382,6 +403,42 @@ def test_a_refused_old_norm_swap_commits_nothing_before_a_later_fn_error():
     assert commits_before_raising(freed)  # the swap goes through, so the first call commits
 
 
+def _torch_add_one_commits_before_refusing(module: torch.nn.Module, refused: str) -> bool:
+    """Whether torch's swap-path ``_apply(t + 1)``, with ``refused`` held by a weak reference,
+    raises and leaves some parameter converted."""
+    import weakref
+
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    held = weakref.ref(module.get_parameter(refused))
+    saved = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with pytest.raises(RuntimeError):
+            module._apply(lambda t: t + 1)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(saved)
+    del held
+    return any(not torch.equal(p.detach(), before[n]) for n, p in module.named_parameters())
+
+
+@pytest.mark.parametrize("step", ["built", "backward"])
+def test_a_refused_weight_v_swap_commits_weight_g_only_once_its_graph_is_freed(step):
+    from swapspec.properties.examples import Example
+    from swapspec.properties.torch_deviations import converts_before_refused_swap
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import ADD_ONE
+
+    # weight_g comes before weight_v; while the norm's graph holds it torch refuses its swap
+    # first, so nothing is converted before the refused weight_v
+    example = Example(_old_weight_norm_linear(step), conversion=ADD_ONE,
+                      flags=FlagSetting(overwrite=False, swap=True), refused="weight_v")
+    predicted = converts_before_refused_swap(example)
+    assert predicted == _torch_add_one_commits_before_refusing(
+        _old_weight_norm_linear(step), "weight_v"), (
+        f"after {step!r} the predicate says torch commits before the refusal: {predicted}")
+    assert predicted == (step == "backward")
+
+
 def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
     """Whether a hook registered on the first parameter before ``conversions`` (torch's
     ``_apply``, default flags) fires in a backward after them."""
@@ -443,6 +500,24 @@ def test_a_half_tie_is_predicted_where_torch_leaves_one(name):
     left = _half_tied(converted.running_mean, converted.running_var)
     assert left == (name == "TwoTensor"), "torch itself changed how it splits a tied buffer"
     assert split_tied_buffer_shares_storage(example) == left
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_rounded_weight_norm_restore_is_predicted_exactly_when_torch_rounds(seed):
+    from swapspec.properties.examples import Example
+    from swapspec.properties.torch_deviations import weight_norm_restore_rounds
+    from swapspec.strategies import CallInput
+
+    torch.manual_seed(seed)
+    module = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(3, 2 + seed % 3))
+    originals = [module.parametrizations.weight.original0, module.parametrizations.weight.original1]
+    before = [t.detach().clone() for t in originals]
+    call = CallInput({"weight": torch.rand(module.weight.shape)}, (torch.ones(1, 3),), {},
+                     tie_weights=True, strict=False)
+    predicted = weight_norm_restore_rounds(Example(module, call=call))
+    torch.func.functional_call(module, call.tensors, call.args)
+    rounded = any(not torch.equal(t, b) for t, b in zip(originals, before, strict=True))
+    assert predicted == rounded
 
 
 def _weight_normed_linear() -> torch.nn.Module:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import parametrize
 
+from swapspec.properties.examples import same_values
 from swapspec.properties.load_checks import load_succeeds, slot_ties
 from swapspec.properties.load_examples import key_model, swap_refused
 from swapspec.strategies import (
@@ -70,11 +71,27 @@ def assert_same_tree(a: nn.Module, b: nn.Module) -> None:
         assert ids_a.setdefault(id(x), name) == ids_b.setdefault(id(y), name), name
         if isinstance(x, UNINIT):
             continue
-        assert x.dtype == y.dtype and torch.equal(x, y), name
+        assert same_values(x, y), name  # NaNs equal: a tree trained through NaNs builds them again
         assert x.requires_grad == y.requires_grad and getattr(x, "tag", None) == getattr(y, "tag", None)
-        assert (x.grad is None) == (y.grad is None) and (x.grad is None or torch.equal(x.grad, y.grad))
+        assert (x.grad is None) == (y.grad is None) and (x.grad is None or same_values(x.grad, y.grad))
     assert [p for p, _ in a.named_modules(remove_duplicate=False)] == [p for p, _ in b.named_modules(remove_duplicate=False)]
     assert a.state_dict().keys() == b.state_dict().keys()
+
+
+def test_same_tree_counts_nan_values_and_grads_as_equal():
+    def nan_linear() -> nn.Module:
+        m = nn.Linear(2, 2)
+        with torch.no_grad():
+            m.weight.fill_(float("nan"))
+            m.bias.fill_(0.5)
+        m(torch.ones(1, 2)).sum().backward()  # NaN grads, as a BatchNorm with tied stats trains
+        return m
+
+    assert_same_tree(nan_linear(), nan_linear())
+    other = nan_linear()
+    other.weight.grad.zero_()
+    with pytest.raises(AssertionError):
+        assert_same_tree(nan_linear(), other)
 
 
 @SETTINGS
