@@ -14,6 +14,7 @@ from swapspec.properties import ids as property_ids
 from swapspec.properties.deviations import Checker, ConformanceError, Deviation, version_in_range
 from swapspec.properties.plugin import cell_note, conformance_table, render_cell, render_table
 from swapspec.properties.targets import BUILTIN_NAMES, builtin_target
+from tests.helpers_modules import torch_swap_flag_set
 
 # ---- version_in_range ----------------------------------------------------------------------
 
@@ -410,13 +411,8 @@ def _torch_add_one_commits_before_refusing(module: torch.nn.Module, refused: str
 
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
     held = weakref.ref(module.get_parameter(refused))
-    saved = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        with pytest.raises(RuntimeError):
-            module._apply(lambda t: t + 1)
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(saved)
+    with torch_swap_flag_set(), pytest.raises(RuntimeError):
+        module._apply(lambda t: t + 1)
     del held
     return any(not torch.equal(p.detach(), before[n]) for n, p in module.named_parameters())
 

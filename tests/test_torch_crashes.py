@@ -3,6 +3,7 @@ runs in a fresh interpreter, and the predicate is true exactly where torch break
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 from swapspec.properties.examples import Example
 from swapspec.properties.torch_deviations import restore_sets_wrapper_into_plain
 from swapspec.strategies import CallInput
+from tests.helpers_modules import torch_swap_flag_set
 from tests.repro_scripts import run_script
 
 # (parametrization, originals as TwoTensor, value as TwoTensor, swap flag, grad enabled)
@@ -66,14 +68,8 @@ def _predicted(kind, wrapped, wrapped_value, swap, grad) -> bool:
     value = TwoTensor(v, v.clone()) if wrapped_value else v
     call = CallInput({"weight": value}, (torch.rand(1, 3),), {}, tie_weights=True, strict=False)
     example = Example(_build(kind, wrapped), call=call)
-    saved = torch.__future__.get_swap_module_params_on_conversion(), torch.is_grad_enabled()
-    torch.__future__.set_swap_module_params_on_conversion(swap)
-    torch.set_grad_enabled(grad)
-    try:
+    with torch_swap_flag_set() if swap else nullcontext(), torch.set_grad_enabled(grad):
         return restore_sets_wrapper_into_plain(example)
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(saved[0])
-        torch.set_grad_enabled(saved[1])
 
 
 @pytest.mark.parametrize("case", CASES)
