@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from torch.nn.parameter import is_lazy
 
 from swapspec.reference.apply import _carry_tensor_hooks, _run_overridden, _Step, _tensor_hooks
 from swapspec.reference.flags import get_swap_module_params_on_conversion
-from swapspec.reference.overrides import hook_overrides_of
+from swapspec.reference.overrides import BUILTIN, ApplyOverride, hook_overrides_of
 
 SWAP, ASSIGN, COPY = "swap", "assign", "copy"
 
@@ -80,13 +80,20 @@ def load_state_dict(
        ``new`` lacks), its ``requires_grad``, its grad (``.to`` the new dtype and device when
        they differ) and its ``register_hook`` / post-accumulate-grad hooks. An optimizer built
        before therefore still holds it. Buffers take ``new``'s class, as in torch.
-    6. Ties (*spec*, ``_Load.already_loaded``): one tensor object is loaded once, under the first
-       key that reaches it; every slot in the tree that held it holds one object afterwards, on
-       every path (assign rebinds all of them). A later key reaching the same object with the
-       same value (the same object, or equal dtype, shape, device and values) is skipped; with a
-       different value (as given: compared with copies taken before anything is written) it is
-       an error, reported in torch's list as ``While loading the tied
-       names "<first>" and "<key>": they were given different values.`` Never a silent last-wins.
+    6. Ties (*spec*, ``_Load.already_loaded``): one tensor object is loaded once; every slot in
+       the tree that held it holds one object afterwards, on every path (assign rebinds all of
+       them). Which value it gets, when several keys reach it:
+       - A value that is the object's own data when the load begins (``_own_data``: the object
+         itself, or a tensor of its class and dtype, shape, device, strides and storage offset
+         that aliases its storage, as ``state_dict()`` gives) is unchanged data: it yields to
+         any other key's value for the object, whatever their order. Only when every key gives
+         own data is the object loaded from the first of them.
+       - Otherwise the first key giving a value that is not own data loads it. A later such key
+         with the same value (the same object, or equal dtype, shape, device and values, as
+         given: compared with copies taken before anything is written) is skipped; one with a
+         different value is an error, reported in torch's list as ``While loading the tied
+         names "<first>" and "<key>": they were given different values.``, and rule 8 leaves
+         the module as it was. Never a silent last-wins.
     7. Errors: with ``strict``, missing and unexpected keys are put first in the list, as torch
        does; any entry in the list raises ``RuntimeError("Error(s) in loading state_dict for
        <Class>:\\n\\t...")``. Without ``strict`` the keys are only returned.
@@ -105,11 +112,20 @@ def load_state_dict(
        tensor it swaps raise when run, if a graph still holds it (``backward(create_graph=True)``
        leaves one in the grad), so a swap undone by swapping back would break the next
        backward.
-    9. Old-style reparametrizations (``torch.nn.utils.weight_norm``, ``spectral_norm``,
-       ``prune``) on the swap path (*spec*): their computed attribute holds an autograd graph
-       over the parameters, which ``swap_tensors`` refuses, so it is dropped before the load
-       and computed again after, as ``apply`` does (``reference.overrides``); torch refuses the
-       swap.
+    9. State derived from the tensors, on the swap path (*spec*, ``_load_steps``): it is
+       dropped before the load and made again after, by ``apply``'s own override steps
+       (``reference.overrides``), run in ``apply``'s order and with its failure handling
+       (``_run_overridden``: after a failure they rebuild it from the restored tensors).
+       - The RNN family (every ``nn.RNNBase``: ``RNN``, ``LSTM``, ``GRU``, anywhere in the
+         tree) keeps weak references to its parameters, which ``swap_tensors`` refuses: the
+         built-in ``RNNBase`` step drops them before and ``_init_flat_weights`` rebuilds
+         ``_flat_weights`` (and the references) after, so the parameters are swapped like any
+         other (rule 5); torch refuses the swap.
+       - Old-style reparametrizations (``torch.nn.utils.weight_norm``, ``spectral_norm``,
+         ``prune``): their computed attribute holds an autograd graph over the parameters,
+         which ``swap_tensors`` refuses, so it is dropped and computed again after; torch
+         refuses the swap.
+       Other ``_apply`` overrides play no part in a load.
     10. Round trip (follows from 4-6): loading ``module.state_dict()`` back changes no slot
        object, class, value, tie or grad, whatever the flags and ``assign``.
     """
@@ -117,7 +133,7 @@ def load_state_dict(
         raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
     swap = get_swap_module_params_on_conversion() if swap is None else swap
     load = _Load(module, swap=swap, assign=assign)
-    steps = [_Step(m, o) for m in module.modules() for o in hook_overrides_of(m)] if swap else []
+    steps = _load_steps(module) if swap else []
     _run_overridden(steps, _distinct_modules(module)[::-1],
                     lambda: _load_atomically(load, module, state_dict, strict))
     return _IncompatibleKeys(load.missing_keys, load.unexpected_keys)
@@ -132,6 +148,7 @@ def _load_atomically(load: _Load, module: nn.Module, state_dict: Mapping[str, An
         load.metadata = getattr(copy, "_metadata", None)
         load.given = {id(v): v.detach().clone() for v in copy.values()
                       if isinstance(v, Tensor) and not is_lazy(v)}
+        load.own = _own_data_pairs([s.tensor for s in snapshot.tensors], copy.values())
         with _routed_to(load):
             load.visit(module, copy, "")
         if not load.failing(strict):
@@ -141,6 +158,17 @@ def _load_atomically(load: _Load, module: nn.Module, state_dict: Mapping[str, An
         load.undo()
         snapshot.restore()
         raise
+
+
+def _load_steps(module: nn.Module) -> list[_Step]:
+    """Rule 9: ``apply``'s steps for the state derived from the tensors, parents first."""
+    return [_Step(m, o) for m in module.modules()
+            for o in (*_rnn_steps(m), *hook_overrides_of(m))]
+
+
+def _rnn_steps(module: nn.Module) -> tuple[ApplyOverride, ...]:
+    """Rule 9: the built-in ``RNNBase`` step for a module of the RNN family."""
+    return (BUILTIN[nn.RNNBase],) if isinstance(module, nn.RNNBase) else ()
 
 
 def choose_load_path(*, swap: bool, assign: bool) -> str:
@@ -181,11 +209,15 @@ def _routed_to(load: _Load) -> Iterator[None]:
 
 @dataclass
 class _Loaded:
-    """Rule 6: the first key that loaded one tensor object, its value and the object after."""
+    """Rule 6: the key whose value loads one tensor object, that value, the object after, the
+    object the key reached when the load began (``origin``) and whether the value is its own
+    data."""
 
     key: str
     value: Any
     result: Tensor
+    origin: int
+    own: bool
 
 
 @dataclass
@@ -215,6 +247,7 @@ class _Load:
     undo_log: list[Callable[[], None]] = field(default_factory=list)
     metadata: Any = None  # the state dict's ``_metadata``
     given: dict[int, Any] = field(default_factory=dict)  # id -> a copy of each given tensor
+    own: set[tuple[int, int]] = field(default_factory=set)  # (id(value), id(slot)), rule 6
     module_ids: set[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -286,10 +319,15 @@ class _Load:
                 "corresponding key in the module instead of copying them in place?)",
                 stacklevel=4,
             )
-        if self.already_loaded(tensor, key, value):
+        if self.already_loaded(tensor, key, value, assign):
             return
+        self.plan(tensor, key, value, assign, origin=id(tensor))
+
+    def plan(self, tensor: Tensor, key: str, value: Any, assign: bool, *, origin: int) -> None:
+        """Rules 4 and 6: ``key``'s value is the one for ``tensor``; plan its write."""
+        own = (id(value), origin) in self.own
+        self.loaded[id(tensor)] = _Loaded(key, value, tensor, origin, own)
         path = choose_load_path(swap=self.swap, assign=assign)
-        self.loaded[id(tensor)] = _Loaded(key, value, tensor)
         self.pending.append(_Write(key, tensor, value, path, assign))
 
     def flush(self) -> None:
@@ -307,17 +345,24 @@ class _Load:
                     f"model are {w.tensor.size()} and whose dimensions in the checkpoint are "
                     f"{w.value.size()}, an exception occurred : {ex.args}.")
                 continue
-            self.loaded[id(result)] = _Loaded(w.key, w.value, result)
+            self.loaded[id(result)] = replace(self.loaded[id(w.tensor)], result=result)
 
     def failing(self, strict: bool) -> bool:
         """Rule 7: whether the errors found so far fail the load."""
         return bool(self.error_msgs) or (strict and bool(self.missing_keys or self.unexpected_keys))
 
-    def already_loaded(self, tensor: Tensor, key: str, value: Any) -> bool:
-        """Rule 6: whether an earlier key loaded this object; a different value is an error."""
+    def already_loaded(self, tensor: Tensor, key: str, value: Any, assign: bool) -> bool:
+        """Rule 6: whether an earlier key reached this object. Own data yields to another
+        value; two different values that are not own data are an error."""
         first = self.loaded.get(id(tensor))
         if first is None:
             return False
+        if (id(value), first.origin) in self.own:
+            return True
+        if first.own:  # its write, if not made yet, is dropped: this value replaces it
+            self.pending = [w for w in self.pending if w.tensor is not tensor]
+            self.plan(tensor, key, value, assign, origin=first.origin)
+            return True
         if not same_value(self.as_given(first.value), self.as_given(value)):
             self.error_msgs.append(
                 f'While loading the tied names "{first.key}" and "{key}": they were given '
@@ -459,6 +504,28 @@ def _as_swapped_parameter(param: nn.Parameter, new: Tensor, assign: bool) -> nn.
         new.__dict__.setdefault(name, value)
     _carry_tensor_hooks(_tensor_hooks(param), new)
     return new
+
+
+def _own_data_pairs(slots: Iterable[Tensor], values: Iterable[Any]) -> set[tuple[int, int]]:
+    """Rule 6: ``(id(value), id(slot))`` for every given value that is a slot's own data (the
+    slot itself, or an alias with its layout); slots are looked up by layout."""
+    by_layout: dict[tuple, list[Tensor]] = {}
+    ids = set()
+    for t in slots:
+        ids.add(id(t))
+        if not is_lazy(t):
+            by_layout.setdefault(_layout(t), []).append(t)
+    pairs = set()
+    for v in values:
+        if id(v) in ids:  # the slot itself, lazy or not
+            pairs.add((id(v), id(v)))
+        elif isinstance(v, Tensor) and not is_lazy(v):
+            try:
+                candidates = by_layout.get(_layout(v), ())
+            except (RuntimeError, TypeError):  # no shape (rule 3 reports it if it is loaded)
+                continue
+            pairs.update((id(v), id(t)) for t in candidates if _own_data(t, v))
+    return pairs
 
 
 def _own_data(tensor: Tensor, value: Tensor) -> bool:

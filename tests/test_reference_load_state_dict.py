@@ -16,6 +16,7 @@ from swapspec.reference.load_state_dict import choose_load_path, same_value
 from tests.helpers_modules import (
     Shared,
     TaggedParameter,
+    ThreeAliases,
     Tied,
     assert_unchanged,
     fill_grads,
@@ -601,16 +602,119 @@ def test_rule9_old_weight_norm_on_the_swap_path():
     assert_unchanged(before, module)
 
 
-@paths
-def test_rule6_values_are_compared_as_given(swap, assign):
-    """The second alias is the slot's own data: the first key's write must not make it equal."""
-    module = Tied()
+def changed_one_alias(module: nn.Module, key: str) -> dict[str, Tensor]:
+    """``state_dict()`` (every value the slot's own data) with ``key`` alone given new values."""
     given = module.state_dict()
-    given["enc.weight"] = given["enc.weight"] + 1
+    given[key] = given[key] + 1
+    return given
+
+
+@paths
+@pytest.mark.parametrize("changed", ["a.weight", "b.weight"])
+def test_rule6_own_data_of_a_shared_submodule_yields_to_the_changed_alias(swap, assign, changed):
+    """PyTorch's shared-Linear scenario: the unchanged alias never undoes the changed one."""
+    module = Shared()
+    weight, bias = module.a.weight, module.a.bias
+    given = changed_one_alias(module, changed)
+    expected = given[changed].clone()
+    assert load(module, given, swap=swap, assign=assign) == ([], [])
+    assert module.a is module.b and module.a.bias is bias
+    assert torch.equal(module.a.weight, expected)
+    assert (module.a.weight is weight) == (swap or not assign)  # assign alone puts a new object
+
+
+@paths
+@pytest.mark.parametrize("changed", ["enc.weight", "dec.weight", "enc.scale", "dec.scale"])
+def test_rule6_own_data_of_a_tie_made_by_assignment_yields(swap, assign, changed):
+    module = Tied()
+    given = changed_one_alias(module, changed)
+    expected = given[changed].clone()
+    load(module, given, swap=swap, assign=assign)
+    name = changed.split(".")[1]
+    assert getattr(module.enc, name) is getattr(module.dec, name)
+    assert torch.equal(getattr(module.enc, name), expected)
+
+
+@paths
+def test_rule6_own_data_yields_also_when_a_post_hook_made_its_write_already(swap, assign):
+    """A post hook on the shared module flushes the first alias's write before the second
+    alias is reached: the changed value is still written."""
+    module = Shared()
+    seen = []
+    module.a.register_load_state_dict_post_hook(
+        lambda m, keys: seen.append(m.weight.detach().clone()))
+    given = changed_one_alias(module, "b.weight")
+    expected = given["b.weight"].clone()
+    load(module, given, swap=swap, assign=assign)
+    assert module.a is module.b and torch.equal(module.a.weight, expected)
+    assert len(seen) == 2 and torch.equal(seen[1], expected)
+
+
+@paths
+def test_rule6_every_alias_given_own_data_is_a_round_trip(swap, assign):
+    module = Tied()
+    before = snapshot(module)
+    load(module, module.state_dict(keep_vars=True), swap=swap, assign=assign)
+    assert module.enc.weight is module.dec.weight and module.enc.scale is module.dec.scale
+    assert all(torch.equal(a, b) for a, b in zip(module.state_dict().values(),
+                                                 [s.value for s in _slot_states(before)],
+                                                 strict=True))
+
+
+def _slot_states(before):
+    """The values of ``before``'s tree in ``state_dict()`` order (the modules have no
+    non-persistent buffers)."""
+    return [state for s in before for table in (s.params, s.buffers)
+            for state in table.values() if state is not None]
+
+
+@paths
+def test_rule6_two_changed_aliases_are_refused_even_beside_own_data(swap, assign):
+    module = ThreeAliases()
+    given = module.state_dict()  # w, a.w, b.w: w stays the slot's own data
+    given["a.w"], given["b.w"] = torch.tensor([5.0, 6.0]), torch.tensor([7.0, 8.0])
     before = snapshot(module)
     text = error_of(lambda: load(module, given, swap=swap, assign=assign))
-    assert 'tied names "enc.weight" and "dec.weight"' in text
+    assert 'While loading the tied names "a.w" and "b.w": they were given different values.' in text
+    assert "\"w\"" not in text
     assert_unchanged(before, module)
+
+
+@paths
+def test_rule6_changed_values_equal_to_each_other_beside_own_data_load(swap, assign):
+    module = ThreeAliases()
+    given = module.state_dict()
+    given["a.w"], given["b.w"] = torch.tensor([5.0, 6.0]), torch.tensor([5.0, 6.0])
+    load(module, given, swap=swap, assign=assign)
+    assert module.w is module.a.w is module.b.w and torch.equal(module.w, given["b.w"])
+
+
+@paths
+@pytest.mark.parametrize("other", ["transposed alias", "another slot's data"])
+def test_rule6_an_alias_with_another_layout_or_slot_is_not_own_data(swap, assign, other):
+    """Own data is the slot's storage at its offset, shape and strides: a transposed view of
+    it, or another slot's data of the same shape, is a value of its own and conflicts."""
+    module = Shared()
+    module.c = linear(2, 2, seed=11)
+    given = module.state_dict()
+    given["a.weight"] = torch.ones(2, 2)
+    given["b.weight"] = (module.a.weight.detach().t() if other == "transposed alias"
+                         else module.c.weight.detach())
+    before = snapshot(module)
+    text = error_of(lambda: load(module, given, swap=swap, assign=assign))
+    assert 'While loading the tied names "a.weight" and "b.weight"' in text
+    assert_unchanged(before, module)
+
+
+@paths
+def test_rule6_own_data_yields_under_the_flags_of_the_upstream_redirect(swap, assign):
+    """The reference reads ``reference.flags`` when ``swap`` is not given."""
+    module = Shared()
+    given = changed_one_alias(module, "a.weight")
+    expected = given["a.weight"].clone()
+    with reference.flags(swap=swap):
+        load(module, given, assign=assign)
+    assert torch.equal(module.b.weight, expected)
 
 
 class Marked(nn.Parameter):
@@ -908,7 +1012,7 @@ def test_rule2_post_hook_returning_a_value_is_torchs_exact_assertion():
 def test_key_model_counts_the_missing_keys_old_spectral_norm_adds(dropped, metadata):
     """Without version metadata, an old-style spectral_norm's load pre-hook adds its own
     missing keys (``<name>`` among them), whatever ``strict``: the spec's key model says so."""
-    from swapspec.properties.load_examples import key_model
+    from swapspec.properties.models.load_examples import key_model
 
     def build() -> nn.Module:
         m = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 4))
@@ -933,7 +1037,7 @@ def test_key_model_counts_a_batch_norms_filled_in_count_as_loaded(count):
     one ``num_batches_tracked`` key given and the other absent (no version metadata), loads its
     own count under the absent key; a given count of another value conflicts with it. The key
     model agrees with the reference on both."""
-    from swapspec.properties.load_examples import key_model
+    from swapspec.properties.models.load_examples import key_model
 
     norm = nn.BatchNorm1d(2)
     module = nn.Sequential(norm, norm)
