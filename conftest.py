@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from swapspec.properties.plugin import is_property_test, isolated_global_state
+from swapspec.properties.harness.isolation import isolated_global_state
+from swapspec.properties.harness.marking import is_property_test
 
 
 @pytest.fixture(autouse=True)

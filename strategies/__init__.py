@@ -19,7 +19,8 @@ from swapspec.strategies.conversions import (
     value_changing_conversions,
 )
 from swapspec.strategies.devices import detected_devices, xla_device
-from swapspec.strategies.host_modules import HostModule, host_trees
+from swapspec.strategies.host_leaves import HostModule
+from swapspec.strategies.host_modules import host_trees
 from swapspec.strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
 from swapspec.strategies.state_dicts import LoadInput, state_dicts
 from swapspec.strategies.tree_draws import module_trees, tree_specs

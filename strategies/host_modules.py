@@ -19,86 +19,11 @@ needs to build the module without swapspec, when ``build`` is importable.
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
-
 from hypothesis import event
 from hypothesis import strategies as st
-from torch import Tensor, nn
+from torch import nn
 
-
-def _as_args(x: Tensor) -> tuple[Tensor]:
-    return (x,)
-
-
-def _literal(value: Any) -> bool:
-    """Whether ``repr(value)`` evaluates back to an equal value (plain literals only)."""
-    try:
-        return ast.literal_eval(repr(value)) == value
-    except (ValueError, SyntaxError):
-        return False
-
-
-@dataclass(frozen=True)
-class HostModule:
-    """One of a host's modules: a name, a builder, and how forward takes the input (see the module
-    docstring for the rules)."""
-
-    name: str
-    build: Callable[[], nn.Module]
-    inputs: Callable[[Tensor], tuple[Any, ...]] = _as_args
-
-    def source(self, var: str = "inner") -> str | None:
-        """Python lines that build the module into ``var``, when ``build`` is an importable
-        class or function, or a ``functools.partial`` of one with literal arguments; else None."""
-        func, args, kwargs = self.build, (), {}
-        if isinstance(func, partial):
-            func, args, kwargs = func.func, func.args, func.keywords
-        module, name = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
-        if module is None or not name.isidentifier() or not _literal((args, kwargs)):
-            return None
-        call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
-        return f"from {module} import {name}\n{var} = {name}({call})\n"
-
-
-class HostLeaf(nn.Module):
-    """A host's module (child ``inner``) with the swapspec forward contract: ``forward(x, **kwargs)``
-    runs ``inner(*inputs(x))``; ``kwargs`` (``fail``, ``report``) are not passed on."""
-
-    def __init__(self, entry: str, inner: nn.Module, inputs: Callable[[Tensor], tuple]) -> None:
-        super().__init__()
-        self.entry = entry
-        self.inner = inner
-        self.inputs = inputs
-
-    def forward(self, x: Tensor, **kwargs: Any) -> Tensor:
-        return self.inner(*self.inputs(x))
-
-    def extra_repr(self) -> str:
-        return f"entry={self.entry!r}"
-
-
-_REGISTERED: dict[str, HostModule] = {}
-
-
-def register(host: HostModule) -> str:
-    """Make ``host`` buildable by name (a later one of the same name replaces it); its name."""
-    if not isinstance(host, HostModule):
-        raise TypeError(f"a target's modules strategy must draw HostModule, got {type(host).__name__}")
-    _REGISTERED[host.name] = host
-    return host.name
-
-
-def build_leaf(entry: str) -> HostLeaf:
-    """A fresh :class:`HostLeaf` for the registered module ``entry``."""
-    try:
-        host = _REGISTERED[entry]
-    except KeyError:
-        raise KeyError(f"no host module {entry!r} registered: draw it from host_trees first") from None
-    return HostLeaf(entry, host.build(), host.inputs)
+from swapspec.strategies.host_leaves import HostModule, register
 
 
 def host_trees(modules: st.SearchStrategy[HostModule]) -> st.SearchStrategy[nn.Module]:

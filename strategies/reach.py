@@ -62,7 +62,7 @@ LIFE_OPTIONS = {"decoration_chance": 100, "training_chance": 100,
 
 
 # The tensor worlds as the conversion, FC-* and TOGETHER-* properties draw them
-# (``properties.common.WORLD_CHANCE``).
+# (``properties.models.apply_state.WORLD_CHANCE``).
 WORLD_OPTIONS = {"world_chance": 10}
 
 
@@ -111,38 +111,6 @@ LOAD_OUTCOME_OPTIONS = {"succeeds": {"outcome": "succeeds", "invalid": False},
 LIFE_TAGS = ("decoration: ", "trained: ", "sparse-grad", "leaf: SparseEmbedding", "wrapper: ", "world: ")
 
 
-
-def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
-    """For ``n`` derandomized sequences of ``properties.sequences`` run on the reference: the
-    set of steps each sequence ran (rule names, ``train``/``checkpoint`` by their kind) and
-    each sequence's length (steps after the build)."""
-    from hypothesis import HealthCheck as Checks
-
-    from swapspec.properties.sequences import STATE, STEPS, SequenceMachine, run_sequences
-    from swapspec.properties.targets import builtin_target
-
-    seen: list[frozenset[str]] = []
-    lengths: list[int] = []
-
-    class Recording(SequenceMachine):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ran: list[str] = []
-
-        def after(self, check: Any, *args: Any, **kwargs: Any) -> None:
-            super().after(check, *args, **kwargs)
-            self.ran.append(check.example.step)
-
-        def teardown(self) -> None:
-            seen.append(frozenset(self.ran) - {"build"})
-            lengths.append(len(self.ran) - 1)
-
-    run_sequences(builtin_target("reference"), STATE, Recording, settings(
-        max_examples=n, derandomize=True, database=None, deadline=None,
-        stateful_step_count=STEPS, phases=[Phase.generate], suppress_health_check=list(Checks)))
-    return seen, lengths
-
-
 def table(title: str, freqs: dict[str, float]) -> str:
     """A Markdown table of the frequencies."""
     lines = [f"| {title} | frequency |", "| --- | ---: |"]
@@ -176,10 +144,6 @@ def main(argv: list[str]) -> None:
     print(table(f"catalogue feature ({n} trees, catalogue_chance={CATALOGUE_REACH_CHANCE})", catalogue), "\n")
     print(table(f"conversion ({n} draws)", frequencies(conversion_reach(n))), "\n")
     print(table(f"call feature ({n} draws, invalid=True)", frequencies(call_reach(n))), "\n")
-    steps, lengths = sequence_reach(n // 10)
-    print(table(f"sequence step ({n // 10} sequences on the reference)", frequencies(steps)), "\n")
-    print(table("sequence length (steps after the build)",
-                frequencies([frozenset({f"{k} steps"}) for k in lengths])), "\n")
     print(table(f"load feature ({n} draws)", frequencies(load_reach(n))))
     for name, options in LOAD_OUTCOME_OPTIONS.items():
         print(table(f"load feature, outcome={name} ({n} draws)", frequencies(load_reach(n, **options))))

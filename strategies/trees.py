@@ -363,7 +363,7 @@ def _build_node(node: LeafSpec | ContainerSpec, path: str, gen: torch.Generator,
     if isinstance(node, LeafSpec) and node.kind == "catalogue":
         module = _build_catalogue(node, path, gen, out)
     elif isinstance(node, LeafSpec) and node.kind == "host":
-        from swapspec.strategies.host_modules import build_leaf
+        from swapspec.strategies.host_leaves import build_leaf
 
         module = build_leaf(node.entry)
     elif isinstance(node, LeafSpec):

@@ -1,4 +1,4 @@
-"""``python -m swapspec.properties.compare`` on two real reports, each with a planted bug.
+"""``python -m swapspec.properties.harness.compare`` on two real reports, each with a planted bug.
 
 Both reports come from the real properties (CI profile, APPLY-TIES and FC-RESTORE) run against
 the two ``tests/planted/pair.py`` targets, which share one name: one declares a tie split, the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from swapspec.properties.compare import DIFFERENT, SAME, UNREADABLE, compare_reports
+from swapspec.properties.harness.compare import DIFFERENT, SAME, UNREADABLE, compare_reports
 
 REPO = Path(__file__).resolve().parents[1]
 PROPERTIES = "APPLY-TIES,FC-RESTORE"
@@ -39,7 +39,7 @@ def reports(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _compare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swapspec.properties.compare", *args],
+    return subprocess.run([sys.executable, "-m", "swapspec.properties.harness.compare", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

@@ -9,11 +9,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swapspec.properties import deviations
-from swapspec.properties import ids as property_ids
-from swapspec.properties.deviations import Checker, ConformanceError, Deviation, version_in_range
-from swapspec.properties.plugin import cell_note, conformance_table, render_cell, render_table
-from swapspec.properties.targets import BUILTIN_NAMES, builtin_target
+from swapspec.properties import vocabulary
+from swapspec.properties.harness import checker
+from swapspec.properties.harness.checker import Checker, ConformanceError
+from swapspec.properties.harness.report import (
+    cell_note,
+    conformance_table,
+    render_cell,
+    render_table,
+)
+from swapspec.properties.harness.targets import BUILTIN_NAMES, builtin_target
+from swapspec.properties.vocabulary import Deviation, version_in_range
 from tests.helpers_modules import torch_swap_flag_set
 
 # ---- version_in_range ----------------------------------------------------------------------
@@ -59,8 +65,8 @@ def test_holds_for_installed_torch_reads_torch_version(monkeypatch):
 @pytest.fixture(autouse=True)
 def restore_observed():
     """Checker.verdict counts into process-global counters; put them back after each test."""
-    counters = (deviations.OBSERVED, deviations.DECLARED, deviations.DECLARED_SHOWN,
-                deviations.UNDECLARED, deviations.UNDECLARED_MESSAGES)
+    counters = (checker.OBSERVED, checker.DECLARED, checker.DECLARED_SHOWN,
+                checker.UNDECLARED, checker.UNDECLARED_MESSAGES)
     saved = [dict(c) for c in counters]
     for c in counters:
         c.clear()
@@ -102,7 +108,7 @@ def test_unexplained_violation_raises_with_rule_and_repro():
     assert e.value.repro == "print('repro body')"
     assert [v.clause for v in e.value.violations] == ["tie-split"]
     assert seen == [["tie-split"]]
-    assert not deviations.OBSERVED
+    assert not checker.OBSERVED
 
 
 def test_no_repro_env_var_leaves_the_repro_out(monkeypatch):
@@ -125,7 +131,7 @@ def test_stale_declaration_raises():
            "follows the spec here" in text
     assert "second line" not in text
     assert "broken rule" not in text
-    assert not deviations.OBSERVED
+    assert not checker.OBSERVED
 
 
 def test_covered_violation_passes_and_is_counted():
@@ -135,7 +141,7 @@ def test_covered_violation_passes_and_is_counted():
         check.that(False, "tie-split", "split")
         check.that(False, "tie-split", "split again")  # one example counts once
         check.verdict()
-    assert dict(deviations.OBSERVED) == {("APPLY-TIES", "planted", "tie-split"): 2}
+    assert dict(checker.OBSERVED) == {("APPLY-TIES", "planted", "tie-split"): 2}
 
 
 def test_covered_and_unexplained_together_raise_and_count_nothing():
@@ -146,7 +152,7 @@ def test_covered_and_unexplained_together_raise_and_count_nothing():
         check.verdict()
     assert "broken rule [fn-repeated]" in str(e.value)
     assert "tie-split" not in str(e.value)
-    assert not deviations.OBSERVED
+    assert not checker.OBSERVED
 
 
 @pytest.mark.parametrize("declaration", [
@@ -177,14 +183,15 @@ def test_a_passing_example_counts_each_declaration_that_applied_and_whether_it_s
     check = Checker("APPLY-TIES", _target(shown, quiet), EXAMPLE)
     check.that(False, "tie-split", "split")
     check.verdict()
-    assert dict(deviations.DECLARED) == {("APPLY-TIES", "planted", shown.key): 1,
+    assert dict(checker.DECLARED) == {("APPLY-TIES", "planted", shown.key): 1,
                                    ("APPLY-TIES", "planted", quiet.key): 1}
-    assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", shown.key): 1,
+    assert dict(checker.DECLARED_SHOWN) == {("APPLY-TIES", "planted", shown.key): 1,
                                          ("APPLY-TIES", "planted", quiet.key): 0}
 
 
 def test_a_sequence_step_counts_each_declaration_that_applied_and_whether_it_showed():
-    from swapspec.properties.sequences import StepCheck, StepExample
+    from swapspec.properties.harness.step_checker import StepCheck
+    from swapspec.properties.models.examples import StepExample
 
     shown = _always("value", property_id="SEQ-STATE")
     quiet = _always("grad-lost", property_id="SEQ-STATE", always=False)
@@ -192,29 +199,29 @@ def test_a_sequence_step_counts_each_declaration_that_applied_and_whether_it_sho
     check = StepCheck("SEQ-STATE", _target(shown, quiet), step)
     check.that(False, "value", "stale value", "")
     assert check.verdict(lambda violations: "") is True
-    assert dict(deviations.DECLARED) == {("SEQ-STATE", "planted", shown.key): 1,
+    assert dict(checker.DECLARED) == {("SEQ-STATE", "planted", shown.key): 1,
                                          ("SEQ-STATE", "planted", quiet.key): 1}
-    assert dict(deviations.DECLARED_SHOWN) == {("SEQ-STATE", "planted", shown.key): 1,
+    assert dict(checker.DECLARED_SHOWN) == {("SEQ-STATE", "planted", shown.key): 1,
                                                ("SEQ-STATE", "planted", quiet.key): 0}
 
 
 def test_a_declared_crash_skips_the_example_and_counts_only_itself():
-    crash, other = _always(deviations.CRASH), _always("tie-split")
+    crash, other = _always(vocabulary.CRASH), _always("tie-split")
     check = Checker("APPLY-TIES", _target(crash, other), EXAMPLE)
     assert check.skips_declared_crash()
-    assert dict(deviations.OBSERVED) == {("APPLY-TIES", "planted", deviations.CRASH): 1}
-    assert dict(deviations.DECLARED) == {("APPLY-TIES", "planted", crash.key): 1}
-    assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", crash.key): 1}
+    assert dict(checker.OBSERVED) == {("APPLY-TIES", "planted", vocabulary.CRASH): 1}
+    assert dict(checker.DECLARED) == {("APPLY-TIES", "planted", crash.key): 1}
+    assert dict(checker.DECLARED_SHOWN) == {("APPLY-TIES", "planted", crash.key): 1}
 
 
 def test_without_a_crash_declaration_nothing_is_skipped_or_counted():
     check = Checker("APPLY-TIES", _target(_always("tie-split")), EXAMPLE)
     assert not check.skips_declared_crash()
-    assert not deviations.OBSERVED and not deviations.DECLARED
+    assert not checker.OBSERVED and not checker.DECLARED
 
 
 def test_a_declared_crash_the_target_survived_is_stale():
-    check = Checker("APPLY-TIES", _target(_always(deviations.CRASH)), EXAMPLE)
+    check = Checker("APPLY-TIES", _target(_always(vocabulary.CRASH)), EXAMPLE)
     with pytest.raises(ConformanceError, match=r"stale deviation \[crash\]"):
         check.verdict()
 
@@ -226,10 +233,10 @@ def test_survey_mode_counts_undeclared_and_stale_instead_of_raising(monkeypatch)
     assert check.declared == [stale]
     check.that(False, "grad-lost", "grad gone")
     check.verdict()
-    assert dict(deviations.UNDECLARED) == {("APPLY-TIES", "planted", "grad-lost"): 1}
-    assert deviations.UNDECLARED_MESSAGES[("APPLY-TIES", "planted", "grad-lost")] == "grad gone"
-    assert dict(deviations.DECLARED_SHOWN) == {("APPLY-TIES", "planted", stale.key): 0}
-    assert not deviations.OBSERVED
+    assert dict(checker.UNDECLARED) == {("APPLY-TIES", "planted", "grad-lost"): 1}
+    assert checker.UNDECLARED_MESSAGES[("APPLY-TIES", "planted", "grad-lost")] == "grad gone"
+    assert dict(checker.DECLARED_SHOWN) == {("APPLY-TIES", "planted", stale.key): 0}
+    assert not checker.OBSERVED
 
 
 def test_without_survey_mode_the_same_example_raises(monkeypatch):
@@ -238,7 +245,7 @@ def test_without_survey_mode_the_same_example_raises(monkeypatch):
     check.that(False, "grad-lost", "grad gone")
     with pytest.raises(ConformanceError):
         check.verdict()
-    assert not deviations.UNDECLARED and not deviations.DECLARED
+    assert not checker.UNDECLARED and not checker.DECLARED
 
 
 # ---- conformance_table and rendering -----------------------------------------------------
@@ -308,7 +315,7 @@ def _worst_cells(target) -> dict[str, dict]:
     """Every property's cell for ``target`` at its longest: every clause it declares seen
     (counts in the thousands), its declared skips, a long failure elsewhere."""
     cells = {}
-    for pid in property_ids.ALL:
+    for pid in vocabulary.ALL:
         clauses = {c: 1234 for d in target.deviations if pid in d.property_ids for c in d.clauses}
         cell = {"status": "pass", "deviations": {}, "reason": "", "tests": 1, "failures": []}
         if pid in target.skips:
@@ -328,14 +335,14 @@ def test_table_of_every_property_and_builtin_target_fits_100_columns():
     targets = [builtin_target(name) for name in BUILTIN_NAMES]
     long_named = dataclasses.replace(targets[1], name="a-third-party-target-with-a-long-name")
     by_target = {t.name: _worst_cells(t) for t in [*targets, long_named]}
-    table = {pid: {name: cells[pid] for name, cells in by_target.items()} for pid in property_ids.ALL}
+    table = {pid: {name: cells[pid] for name, cells in by_target.items()} for pid in vocabulary.ALL}
     lines = render_table(table)
     assert max(map(len, lines)) <= 100, max(lines, key=len)
     assert sum(line.startswith("property ") for line in lines) >= 1
     shown = " ".join(lines)
     for name in by_target:  # every target is shown, by name or in the legend
         assert name in shown
-    for pid in property_ids.ALL:  # every property is a row of every block
+    for pid in vocabulary.ALL:  # every property is a row of every block
         assert sum(line.split(" ")[0] == pid for line in lines) == sum(
             line.startswith("property ") for line in lines)
     notes = [line for line in lines if re.match(r"\[\d+\] ", line)]
@@ -376,8 +383,8 @@ def _torch_double_raises(module: torch.nn.Module) -> bool:
 
 @pytest.mark.parametrize("step", ["built", "forward", "backward"])
 def test_old_weight_norm_refusal_is_predicted_exactly_when_torch_refuses(step):
-    from swapspec.properties.examples import Example
-    from swapspec.properties.torch_deviations import old_weight_norm_swapped
+    from swapspec.properties.declarations.torch_apply import old_weight_norm_swapped
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import FlagSetting
     from swapspec.strategies.conversions import CONVERSIONS
 
@@ -390,8 +397,8 @@ def test_old_weight_norm_refusal_is_predicted_exactly_when_torch_refuses(step):
 
 
 def test_a_refused_old_norm_swap_commits_nothing_before_a_later_fn_error():
-    from swapspec.properties.examples import Example
-    from swapspec.properties.torch_deviations import commits_before_raising
+    from swapspec.properties.declarations.torch_apply import commits_before_raising
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import FlagSetting
     from swapspec.strategies.conversions import raising_conversion
 
@@ -419,8 +426,8 @@ def _torch_add_one_commits_before_refusing(module: torch.nn.Module, refused: str
 
 @pytest.mark.parametrize("step", ["built", "backward"])
 def test_a_refused_weight_v_swap_commits_weight_g_only_once_its_graph_is_freed(step):
-    from swapspec.properties.examples import Example
-    from swapspec.properties.torch_deviations import converts_before_refused_swap
+    from swapspec.properties.declarations.torch_apply import converts_before_refused_swap
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import FlagSetting
     from swapspec.strategies.conversions import ADD_ONE
 
@@ -448,8 +455,8 @@ def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
 
 @pytest.mark.parametrize("world", ["", "meta"])
 def test_hook_loss_is_predicted_for_an_earlier_conversion_that_changes_the_tensor_impl(world):
-    from swapspec.properties.examples import Example
-    from swapspec.properties.torch_deviations import loses_tensor_hooks
+    from swapspec.properties.declarations.torch_apply import loses_tensor_hooks
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import FlagSetting, build_tree
     from swapspec.strategies.conversions import CONVERSIONS
     from swapspec.strategies.trees import LeafSpec, TreeSpec
@@ -484,8 +491,8 @@ def _half_tied(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("name", ["TwoTensor", "double()", "add(1)"])
 def test_a_half_tie_is_predicted_where_torch_leaves_one(name):
-    from swapspec.properties.examples import Example
-    from swapspec.properties.torch_deviations import split_tied_buffer_shares_storage
+    from swapspec.properties.declarations.torch_apply import split_tied_buffer_shares_storage
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import FlagSetting
     from swapspec.strategies.conversions import CONVERSIONS
 
@@ -500,8 +507,8 @@ def test_a_half_tie_is_predicted_where_torch_leaves_one(name):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_a_rounded_weight_norm_restore_is_predicted_exactly_when_torch_rounds(seed):
-    from swapspec.properties.examples import Example
-    from swapspec.properties.torch_deviations import weight_norm_restore_rounds
+    from swapspec.properties.declarations.torch_functional_call import weight_norm_restore_rounds
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import CallInput
 
     torch.manual_seed(seed)
@@ -522,8 +529,10 @@ def _weight_normed_linear() -> torch.nn.Module:
 
 @pytest.mark.parametrize("swap", [False, True])
 def test_a_refused_parametrized_swap_is_predicted_exactly_when_torch_raises(swap):
-    from swapspec.properties.examples import Example
-    from swapspec.properties.torch_deviations import parametrized_name_swap_refused
+    from swapspec.properties.declarations.torch_functional_call import (
+        parametrized_name_swap_refused,
+    )
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import CallInput
 
     tensors = {"weight": torch.ones(2, 2)}

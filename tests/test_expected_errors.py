@@ -8,8 +8,8 @@ import json
 import pytest
 from torch import nn
 
-from swapspec.properties.oracle import expected_outcome, merge_inputs
-from swapspec.properties.targets import load_target
+from swapspec.properties.harness.targets import load_target
+from swapspec.properties.models.oracle import expected_outcome, merge_inputs
 from tests.test_plugin import run_pytest
 
 PLANTED = "tests.planted.reworded"
@@ -58,8 +58,8 @@ def test_builtin_targets_are_held_to_exact_wording_hosts_are_not():
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reworded")
     report = tmp / "r.json"
-    run = run_pytest(tmp, "properties/test_functional_call.py::test_fc_bad_input",
-                     "properties/test_functional_call.py::test_fc_strict",
+    run = run_pytest(tmp, "properties/rules/test_functional_call.py::test_fc_bad_input",
+                     "properties/rules/test_functional_call.py::test_fc_strict",
                      f"--swapspec-target={PLANTED}:reworded,{PLANTED}:keyless",
                      "-p", "tests.planted.fast_profile", f"--swapspec-report={report}",
                      timeout=300)

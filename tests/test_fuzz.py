@@ -1,6 +1,6 @@
 """A failure a HypoFuzz campaign finds replays in plain pytest from the campaign's database.
 
-The campaign (``python -m swapspec.properties.fuzz run --stop-on-failure``, one HypoFuzz worker)
+The campaign (``python -m swapspec.properties.harness.fuzz run --stop-on-failure``, one HypoFuzz worker)
 fuzzes one property against a planted broken target until it has found, shrunk and saved the
 failure, then stops; ``fuzz report`` counts the saved failure; a fresh pytest process that may only
 replay saved examples (``tests/planted/replay_only.py``) then fails with the same broken rule
@@ -37,7 +37,7 @@ CRASH_SECONDS = 150  # the crash comes at the first example; the restarted worke
 def _fuzz(tmp: Path, *command: str, tests: tuple[str, ...] = (TEST,), target: str = TARGET
           ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "swapspec.properties.fuzz", *command, "--", *tests,
+        [sys.executable, "-m", "swapspec.properties.harness.fuzz", *command, "--", *tests,
          f"--swapspec-target={target}", "-p", "no:xdist", "-p", "no:cacheprovider"],
         cwd=REPO, env=_env(tmp), capture_output=True, text=True, timeout=SECONDS + 240)
 

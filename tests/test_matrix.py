@@ -1,4 +1,4 @@
-"""Unit tests of the oracle matrix (``properties/matrix.py``) on small hand-made reports."""
+"""Unit tests of the oracle matrix (``properties/harness/matrix.py``) on small hand-made reports."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from swapspec.properties.matrix import (
+from swapspec.properties.harness.matrix import (
     NO_EXAMPLE,
     NOT_APPLICABLE,
     NOT_OBSERVED,

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from swapspec import reference
-from swapspec.properties.deviations import Violation
-from swapspec.properties.module_model import ModuleModel
-from swapspec.properties.sequences import check_state, load_value
+from swapspec.properties.models.module_model import ModuleModel
+from swapspec.properties.rules.sequence_machine import check_state, load_value
+from swapspec.properties.vocabulary import Violation
 from swapspec.strategies import TaggedParameter, build_tree, tree_info
 from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec
 

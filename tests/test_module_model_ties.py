@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 from swapspec import reference
-from swapspec.properties.common import conversion_named
-from swapspec.properties.examples import named_tensors
-from swapspec.properties.module_model import UNNAMED, ModuleModel
-from swapspec.properties.sequences import (
+from swapspec.properties.harness.targets import builtin_target
+from swapspec.properties.models.apply_state import conversion_named
+from swapspec.properties.models.examples import named_tensors
+from swapspec.properties.models.module_model import UNNAMED, ModuleModel
+from swapspec.properties.rules.sequence_machine import (
     STATE,
     SequenceMachine,
     check_state,
@@ -28,7 +29,6 @@ from swapspec.properties.sequences import (
     shifted,
     slot_owner,
 )
-from swapspec.properties.targets import builtin_target
 from swapspec.strategies import build_tree, tree_info
 from swapspec.strategies.decorations import DecorationSpec
 from swapspec.strategies.trees import (

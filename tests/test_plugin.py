@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from swapspec.properties.plugin import STATUS_WORDS, cell_note
-from swapspec.properties.repro import retargeted
-from swapspec.properties.targets import builtin_target
+from swapspec.properties.harness.report import STATUS_WORDS, cell_note
+from swapspec.properties.harness.repro import retargeted
+from swapspec.properties.harness.targets import builtin_target
 from tests.repro_scripts import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 PLANTED = "tests.planted.broken_reference"
-TIES = "properties/test_apply.py::test_apply_keeps_ties"
-FORMS = "properties/test_functional_call.py::test_fc_input_forms"
+TIES = "properties/rules/test_apply.py::test_apply_keeps_ties"
+FORMS = "properties/rules/test_functional_call.py::test_fc_input_forms"
 TARGETS = ",".join(["reference", "torch-stateless", f"{PLANTED}:tie_split",
                     f"{PLANTED}:tie_split_declared", f"{PLANTED}:stale"])
 MIXED = [f"{TIES}[reference]", f"{TIES}[broken-tie-split]", f"{TIES}[declared-tie-split]",
@@ -204,7 +204,7 @@ def test_the_printed_blob_replays_the_failure_on_its_one_test(planted, tmp_path)
     assert "wants the line a failure printed" in bad.stderr
 
 
-SEQUENCE = "properties/test_sequences.py::test_sequence_state[broken-no-restore]"
+SEQUENCE = "properties/rules/test_sequences.py::test_sequence_state[broken-no-restore]"
 BROKEN_RULE = re.compile(r"SEQ-STATE on target 'broken-no-restore', at step .*?\n\s*E\s*\n", re.S)
 
 
@@ -388,14 +388,14 @@ def _profile_line(run: Run) -> str:
     ((), {"SWAPSPEC_PROFILE": "swapspec-thorough"}, "max_examples=400 derandomize=False"),
 ], ids=["none", "option", "env"])
 def test_profile_selection(host_project, args, env, want):
-    run = run_pytest(host_project, "-p", "swapspec.properties.plugin", "-s", "test_probe.py", *args,
+    run = run_pytest(host_project, "-p", "swapspec.properties.harness.plugin", "-s", "test_probe.py", *args,
                      cwd=host_project, **env)
     assert run.returncode == 0, run.output[-3000:]
     assert _profile_line(run) == want
 
 
 def test_unknown_profile_is_usage_error(host_project):
-    run = run_pytest(host_project, "-p", "swapspec.properties.plugin", "test_probe.py",
+    run = run_pytest(host_project, "-p", "swapspec.properties.harness.plugin", "test_probe.py",
                      "--swapspec-profile=nosuch", cwd=host_project)
     assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.output
     assert "Traceback" not in run.output
@@ -458,7 +458,7 @@ def test_isolation_restores_and_names_leaks(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_iso.py").write_text(textwrap.dedent(ISOLATION))
     junit = tmp_path / "junit.xml"
-    run = run_pytest(tmp_path, "-p", "swapspec.properties.plugin", "test_iso.py", f"--junitxml={junit}", cwd=tmp_path)
+    run = run_pytest(tmp_path, "-p", "swapspec.properties.harness.plugin", "test_iso.py", f"--junitxml={junit}", cwd=tmp_path)
     assert run.returncode == 1, run.output[-3000:]
     summary = run.stdout.splitlines()[-1]
     assert "1 failed, 3 passed, 2 errors" in summary, summary
@@ -513,13 +513,13 @@ def test_plugin_is_inert_in_a_hosts_own_tests(tmp_path):
 
 
 def test_exported_property_ids_are_exactly_the_catalogue():
-    from swapspec.properties import ids
-    from swapspec.properties.catalogue import properties
+    from swapspec.properties import vocabulary
+    from swapspec.properties.harness.catalogue import properties
 
     defined = [pid for pid, _, _ in properties()]
-    assert sorted(defined) == sorted(ids.ALL)
-    assert len(set(ids.ALL)) == len(ids.ALL)
-    for family, members in ids.FAMILIES.items():
+    assert sorted(defined) == sorted(vocabulary.ALL)
+    assert len(set(vocabulary.ALL)) == len(vocabulary.ALL)
+    for family, members in vocabulary.FAMILIES.items():
         prefix = {"apply": "APPLY-", "functional_call": "FC-", "together": "TOGETHER-", "xla": "XLA-",
                   "sequences": "SEQ-", "load_state_dict": "LOAD-"}
         assert all(m.startswith(prefix[family]) for m in members), family
@@ -530,8 +530,8 @@ def test_select_by_property_id(tmp_path):
                      "--swapspec-property", "FC-TIES,APPLY-TIES")
     assert run.returncode == 0, run.output[-2000:]
     collected = [line for line in run.stdout.splitlines() if "::" in line]
-    assert collected == ["properties/test_apply.py::test_apply_keeps_ties[reference]",
-                         "properties/test_functional_call.py::test_fc_tie_rules[reference]"]
+    assert collected == ["properties/rules/test_apply.py::test_apply_keeps_ties[reference]",
+                         "properties/rules/test_functional_call.py::test_fc_tie_rules[reference]"]
     by_k = run_pytest(tmp_path, "--co", "-q", "properties", "--swapspec-target=reference",
                       "-k", "FC-TIES")
     assert [line for line in by_k.stdout.splitlines() if "::" in line] == collected[1:]

@@ -9,16 +9,15 @@ import pytest
 import torch
 
 from swapspec import reference
-from swapspec.properties.common import (
+from swapspec.properties.models.apply_state import refused_by_swap, swap_tensors_takes
+from swapspec.properties.models.call_state import (
     copy_outcome,
     loaded_copy,
     module_state,
-    refused_by_swap,
     replaced_originals,
-    swap_tensors_takes,
 )
-from swapspec.properties.examples import named_tensors, same_values
-from swapspec.properties.oracle import expand
+from swapspec.properties.models.examples import named_tensors, same_values
+from swapspec.properties.models.oracle import expand
 from swapspec.strategies import CallInput, build_tree
 from swapspec.strategies.trees import (
     ContainerSpec,
@@ -79,8 +78,8 @@ def rebinding_leaf_shared_beside_an_updating_one() -> torch.nn.Module:
 
 
 def test_fc_restore_judges_values_by_the_call_before_forward_writes_back():
-    from swapspec.properties.test_functional_call import _expected as expected_before
-    from swapspec.properties.test_functional_call import _replaced
+    from swapspec.properties.rules.test_functional_call import _expected as expected_before
+    from swapspec.properties.rules.test_functional_call import _replaced
 
     module = rebinding_leaf_shared_beside_an_updating_one()
     count, steps = module[0].count, module[1].steps
@@ -200,7 +199,10 @@ def meta_transformer_encoder() -> torch.nn.Module:
 
 
 def test_a_forward_the_tree_cannot_run_is_not_the_conversions_fault():
-    from swapspec.properties.test_apply_training import _backward, fails_without_the_conversion
+    from swapspec.properties.rules.test_apply_training import (
+        _backward,
+        fails_without_the_conversion,
+    )
 
     module = meta_transformer_encoder()
     reference.apply(module, lambda t: t.float() if t.is_floating_point() else t)
@@ -211,8 +213,11 @@ def test_a_forward_the_tree_cannot_run_is_not_the_conversions_fault():
 
 
 def test_a_forward_only_the_converted_module_fails_is_the_conversions_fault():
-    from swapspec.properties.common import Outcome
-    from swapspec.properties.test_apply_training import _backward, fails_without_the_conversion
+    from swapspec.properties.models.outcomes import Outcome
+    from swapspec.properties.rules.test_apply_training import (
+        _backward,
+        fails_without_the_conversion,
+    )
 
     module = build_tree(TreeSpec(root=LeafSpec(kind="Linear")))
     assert _backward(module, X).error is None

@@ -20,8 +20,8 @@ from torch import nn
 from torch.nn.cpp import ModuleWrapper
 
 from swapspec import reference
-from swapspec.properties.plugin import isolated_global_state
-from swapspec.properties.targets import torch_apply
+from swapspec.properties.harness.isolation import isolated_global_state
+from swapspec.properties.harness.targets import torch_apply
 from swapspec.reference import overrides
 from tests.helpers_modules import (
     assert_unchanged,

@@ -17,12 +17,13 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from swapspec.properties import standalone, test_apply, test_apply_training, test_functional_call
-from swapspec.properties.common import conversion_named
-from swapspec.properties.deviations import ConformanceError
-from swapspec.properties.examples import alias_groups, named_tensors, same_values
-from swapspec.properties.repro import retargeted
-from swapspec.properties.targets import builtin_target, load_target
+from swapspec.properties.harness.checker import ConformanceError
+from swapspec.properties.harness.repro import retargeted
+from swapspec.properties.harness.targets import builtin_target, load_target
+from swapspec.properties.models import standalone
+from swapspec.properties.models.apply_state import conversion_named
+from swapspec.properties.models.examples import alias_groups, named_tensors, same_values
+from swapspec.properties.rules import test_apply, test_apply_training, test_functional_call
 from swapspec.strategies import CallInput, FlagSetting, build_tree, module_trees, tree_info
 from swapspec.strategies.trees import (
     WORLDS,
@@ -222,7 +223,7 @@ def test_repro_helpers_describe_a_lazy_leaf_before_and_after_its_forward():
     """A repro's helpers describe an uninitialized tensor without reading its shape (which
     raises), in the module's state and in forward's first view, and its shape once
     materialized."""
-    from swapspec.properties.repro import HELPERS
+    from swapspec.properties.harness.repro import HELPERS
 
     helpers: dict[str, Any] = {}
     exec(compile("\n".join([*standalone.IMPORTS, HELPERS]), "<helpers>", "exec"), helpers)

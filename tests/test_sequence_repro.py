@@ -16,9 +16,10 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from swapspec.properties.common import conversion_named
-from swapspec.properties.deviations import ConformanceError
-from swapspec.properties.sequences import (
+from swapspec.properties.harness.checker import ConformanceError
+from swapspec.properties.harness.targets import builtin_target, load_target
+from swapspec.properties.models.apply_state import conversion_named
+from swapspec.properties.rules.sequence_machine import (
     STATE,
     STEPS,
     SequenceMachine,
@@ -26,7 +27,6 @@ from swapspec.properties.sequences import (
     run_sequences,
     steps_in,
 )
-from swapspec.properties.targets import builtin_target, load_target
 from swapspec.strategies import build_tree
 from tests.test_module_model_ties import FLAT, X, _Scripted
 

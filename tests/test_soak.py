@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from swapspec.properties import soak
-from swapspec.properties.plugin import (
+from swapspec.properties.harness import soak
+from swapspec.properties.harness.report import (
     call_times,
     filter_rates,
     invalid_reason,
@@ -16,12 +16,12 @@ from swapspec.properties.plugin import (
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="3">
-<testcase classname="properties.test_apply" name="test_apply_keeps_ties[reference]" time="1.0"/>
-<testcase classname="properties.test_apply" name="test_apply_path[reference]" time="1.0">
+<testcase classname="properties.rules.test_apply" name="test_apply_keeps_ties[reference]" time="1.0"/>
+<testcase classname="properties.rules.test_apply" name="test_apply_path[reference]" time="1.0">
 <failure message="ConformanceError: APPLY-PATH on target 'reference':">Falsifying example
 You can reproduce this test case by temporarily adding @reproduce_failure('6.170.17', b'AXic') as a decorator</failure>
 </testcase>
-<testcase classname="properties.test_functional_call" name="test_fc_tie_rules[reference]" time="1.0">
+<testcase classname="properties.rules.test_functional_call" name="test_fc_tie_rules[reference]" time="1.0">
 <error message="FailedHealthCheck: filter_too_much">no blob here</error>
 </testcase>
 </testsuite></testsuites>
@@ -47,8 +47,8 @@ def test_failures_are_read_with_their_blob_from_junit(tmp_path):
     tests, failures = soak.failures_in(path, 42, None)
     assert tests == 3
     assert [f.test for f in failures] == [
-        "properties/test_apply.py::test_apply_path[reference]",
-        "properties/test_functional_call.py::test_fc_tie_rules[reference]"]
+        "properties/rules/test_apply.py::test_apply_path[reference]",
+        "properties/rules/test_functional_call.py::test_fc_tie_rules[reference]"]
     assert failures[0].blob == "@reproduce_failure('6.170.17', b'AXic')"
     assert failures[1].blob is None and "filter_too_much" in failures[1].message
     assert all(f.seed == 42 for f in failures)
@@ -59,7 +59,7 @@ def test_a_missing_report_is_no_tests_and_no_failures(tmp_path):
 
 
 def test_the_replay_command_without_a_blob_reruns_every_property_file_with_the_seed():
-    failure = soak.Failure("properties/test_apply.py::t[reference]", 9, "swapspec-dev", None, "x")
+    failure = soak.Failure("properties/rules/test_apply.py::t[reference]", 9, "swapspec-dev", None, "x")
     command = soak.replay_command(failure, "reference")
     assert command == soak.seed_command(failure, "reference")
     assert "pytest properties -k 't[reference]'" in command
@@ -69,9 +69,9 @@ def test_the_replay_command_without_a_blob_reruns_every_property_file_with_the_s
 
 def test_the_replay_command_with_a_blob_replays_the_one_test_exactly():
     blob = "@reproduce_failure('6.170.17', b'AXic')"
-    failure = soak.Failure("properties/test_apply.py::t[reference]", 9, None, blob, "x")
+    failure = soak.Failure("properties/rules/test_apply.py::t[reference]", 9, None, blob, "x")
     command = soak.replay_command(failure, "reference")
-    assert command == ("PYTHONHASHSEED=0 pytest 'properties/test_apply.py::t[reference]' "
+    assert command == ("PYTHONHASHSEED=0 pytest 'properties/rules/test_apply.py::t[reference]' "
                        f'--swapspec-target=reference --swapspec-reproduce="{blob}"')
     lines = soak.summary([soak.Run(0, 9, None, 1, 1.0, 3, [failure])], "reference")
     assert f"  replay: {command}" in lines

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import parametrize
 
-from swapspec.properties.examples import same_values
-from swapspec.properties.load_checks import load_succeeds, slot_ties
-from swapspec.properties.load_examples import key_model, swap_refused
+from swapspec.properties.models.examples import same_values
+from swapspec.properties.models.load_examples import key_model
+from swapspec.properties.rules.load_clauses import load_succeeds, slot_ties
 from swapspec.strategies import (
     BATCH,
     FEATURES,
@@ -39,7 +39,7 @@ from swapspec.strategies.conversions import (
     raising_conversion,
 )
 from swapspec.strategies.decorations import PARAMETRIZATIONS
-from swapspec.strategies.state_dicts import state_dicts
+from swapspec.strategies.state_dicts import state_dicts, swap_refused
 from swapspec.strategies.torch_modules import CatalogueLeaf
 from swapspec.strategies.tree_draws import _with_none_slot
 from swapspec.strategies.trees import (

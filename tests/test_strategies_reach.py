@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+from swapspec.properties.rules.sequence_reach import sequence_reach
 from swapspec.strategies import torch_modules
 from swapspec.strategies.conversions import CONVERSIONS
 from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
@@ -25,7 +26,6 @@ from swapspec.strategies.reach import (
     frequencies,
     load_reach,
     sample,
-    sequence_reach,
     table,
     tree_reach,
     world_call_reach,
@@ -175,14 +175,14 @@ def test_call_properties_draw_the_worlds(strategy: str) -> None:
     """The FC-* and TOGETHER-* trees are drawn with the conversion properties' world chance
     (FC-WRITE-BACK's ``updating_trees`` stay plain: a rebind is the same in every world)."""
     module_name, _, attr = strategy.partition(":")
-    drawn = getattr(importlib.import_module(f"swapspec.properties.{module_name}"), attr)
+    drawn = getattr(importlib.import_module(f"swapspec.properties.rules.{module_name}"), attr)
     seen = frequencies(sample(drawn, 200, lambda m: tree_info(m).features))
     worlds = {k: v for k, v in seen.items() if k.startswith("world: ")}
     assert sum(worlds.values()) >= 0.01, f"{strategy} drew {worlds or 'no tensor world'} in 200 trees"
 
 
 def test_world_chance_matches_the_properties() -> None:
-    from swapspec.properties.common import WORLD_CHANCE
+    from swapspec.properties.models.apply_state import WORLD_CHANCE
 
     assert WORLD_OPTIONS["world_chance"] == WORLD_CHANCE, "the reach sample must draw as the properties do"
 

@@ -1,6 +1,6 @@
 """Targets say what they implement, and plug in their own conversions and modules.
 
-Unit tests of ``properties.targets.Target`` and ``properties.plugged``, and one run of real
+Unit tests of ``properties.harness.targets.Target`` and ``properties.harness.plugged``, and one run of real
 properties on ``tests.planted.functional_only`` (a functional call without keywords).
 """
 
@@ -15,10 +15,17 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from swapspec import reference
-from swapspec.properties import ids, plugged
-from swapspec.properties.targets import FEATURES, Target, TargetError, from_object, load_target
+from swapspec.properties import vocabulary
+from swapspec.properties.harness import plugged
+from swapspec.properties.harness.targets import (
+    FEATURES,
+    Target,
+    TargetError,
+    from_object,
+    load_target,
+)
 from swapspec.strategies import HostModule, tree_info
-from swapspec.strategies.host_modules import HostLeaf
+from swapspec.strategies.host_leaves import HostLeaf
 from tests.planted import functional_only
 from tests.test_plugin import run_pytest
 
@@ -30,10 +37,10 @@ def test_a_module_without_apply_is_a_functional_call_only_target():
     assert target.selector == ONLY
     assert not target.has("apply") and target.has("functional_call")
     assert not target.has("tie_weights") and not target.has("strict")
-    assert target.missing(ids.NEEDS["APPLY-TIES"]) == ["apply"]
-    assert target.missing(ids.NEEDS["FC-STRICT"]) == ["strict"]
-    assert target.missing(ids.NEEDS["FC-TIES"]) == []
-    assert target.missing(ids.NEEDS["FC-INPUT-FORMS"]) == ["tuple_inputs"]  # call_forms: a dict
+    assert target.missing(vocabulary.NEEDS["APPLY-TIES"]) == ["apply"]
+    assert target.missing(vocabulary.NEEDS["FC-STRICT"]) == ["strict"]
+    assert target.missing(vocabulary.NEEDS["FC-TIES"]) == []
+    assert target.missing(vocabulary.NEEDS["FC-INPUT-FORMS"]) == ["tuple_inputs"]  # call_forms: a dict
     assert target.call_keywords(tie_weights=False, strict=True) == {}
 
 
@@ -61,8 +68,8 @@ def test_a_target_that_cannot_be_is_refused(obj, message):
 
 
 def test_every_property_states_what_it_needs():
-    assert set(ids.NEEDS) == set(ids.ALL)
-    assert all(set(needs) <= set(FEATURES) for needs in ids.NEEDS.values())
+    assert set(vocabulary.NEEDS) == set(vocabulary.ALL)
+    assert all(set(needs) <= set(FEATURES) for needs in vocabulary.NEEDS.values())
 
 
 def _draw_with(target, strategy, condition):
@@ -74,7 +81,7 @@ def _draw_with(target, strategy, condition):
 
 
 def test_a_targets_modules_are_drawn_and_rebuilt():
-    from swapspec.properties.test_functional_call import trees
+    from swapspec.properties.rules.test_functional_call import trees
 
     target = load_target(ONLY)
     module = _draw_with(target, trees, lambda m: isinstance(m, HostLeaf))
@@ -85,7 +92,7 @@ def test_a_targets_modules_are_drawn_and_rebuilt():
 
 
 def test_without_a_target_only_the_builtins_are_drawn():
-    from swapspec.properties.test_apply import converted
+    from swapspec.properties.rules.test_apply import converted
 
     with pytest.raises(NoSuchExample):
         find(converted, lambda case: case[1].name == "planted.double_it")
@@ -94,7 +101,7 @@ def test_without_a_target_only_the_builtins_are_drawn():
 def test_a_targets_conversions_are_drawn_and_run_with_their_imports():
     import torch
 
-    from swapspec.properties.test_apply import converted
+    from swapspec.properties.rules.test_apply import converted
 
     _, conversion = _draw_with(load_target(ONLY), converted,
                                lambda case: case[1].name == "planted.double_it")
@@ -117,9 +124,9 @@ def test_host_module_strategy_must_draw_host_modules():
 def test_functional_call_only_target_runs_without_keywords_and_skips_once(tmp_path):
     """Keywords passed to the keyword-less call would raise TypeError and fail FC-ORACLE."""
     report = tmp_path / "r.json"
-    run = run_pytest(tmp_path, "properties/test_functional_call.py::test_fc_matchesloaded_copy",
-                     "properties/test_functional_call.py::test_fc_strict",
-                     "properties/test_apply.py::test_apply_values",
+    run = run_pytest(tmp_path, "properties/rules/test_functional_call.py::test_fc_matchesloaded_copy",
+                     "properties/rules/test_functional_call.py::test_fc_strict",
+                     "properties/rules/test_apply.py::test_apply_values",
                      f"--swapspec-target={ONLY}", "-p", "tests.planted.fast_profile",
                      f"--swapspec-report={report}", timeout=300)
     assert run.returncode == 0, run.output[-3000:]
@@ -148,8 +155,8 @@ def test_a_host_modules_source_rebuilds_it_when_it_can():
 def test_a_repro_passes_only_the_keywords_the_target_takes():
     import torch
 
-    from swapspec.properties.examples import Example
-    from swapspec.properties.repro import call_repro
+    from swapspec.properties.harness.repro import call_repro
+    from swapspec.properties.models.examples import Example
     from swapspec.strategies import CallInput, build_tree
     from swapspec.strategies.trees import TreeSpec
 

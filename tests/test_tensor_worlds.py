@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
-from swapspec.properties.targets import torch_apply
+from swapspec.properties.harness.targets import torch_apply
 from swapspec.strategies import call_inputs, dtensor_world, meta_built
 from swapspec.strategies.trees import (
     ContainerSpec,

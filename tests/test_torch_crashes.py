@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.testing._internal.two_tensor import TwoTensor
 
-from swapspec.properties.examples import Example
-from swapspec.properties.torch_deviations import restore_sets_wrapper_into_plain
+from swapspec.properties.declarations.torch_functional_call import restore_sets_wrapper_into_plain
+from swapspec.properties.models.examples import Example
 from swapspec.strategies import CallInput
 from tests.helpers_modules import torch_swap_flag_set
 from tests.repro_scripts import run_script

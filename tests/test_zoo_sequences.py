@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, settings
 
-from swapspec.properties.deviations import ConformanceError
-from swapspec.properties.plugin import isolated_global_state
-from swapspec.properties.sequences import STEPS, run_sequences
-from swapspec.properties.targets import load_target
+from swapspec.properties.harness.checker import ConformanceError
+from swapspec.properties.harness.isolation import isolated_global_state
+from swapspec.properties.harness.targets import load_target
+from swapspec.properties.rules.sequence_machine import STEPS, run_sequences
 from tests.test_zoo import run_suite, statuses
 from tests.zoo import SEQUENCE_ZOO, selector, zoo_module
 

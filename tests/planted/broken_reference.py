@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from swapspec import reference
-from swapspec.properties.deviations import Deviation
+from swapspec.properties.vocabulary import Deviation
 from swapspec.reference.functional_call import _restore, _swap_in, _write_back, prepare_call
 
 

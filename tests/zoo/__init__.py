@@ -49,9 +49,9 @@ SEQUENCE_ZOO = (
 # tests/zoo/measure_sequences.py, not asserted.
 SEQUENCE_ZOO_SLOW: tuple[str, ...] = ()
 
-APPLY_PATHS = ("properties/test_apply.py", "properties/test_together.py")
-FC_PATHS = ("properties/test_functional_call.py", "properties/test_together.py")
-LOAD_PATHS = ("properties/test_load_state_dict.py",)
+APPLY_PATHS = ("properties/rules/test_apply.py", "properties/rules/test_together.py")
+FC_PATHS = ("properties/rules/test_functional_call.py", "properties/rules/test_together.py")
+LOAD_PATHS = ("properties/rules/test_load_state_dict.py",)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ PROPERTIES_ENV = "SWAPSPEC_ZOO_PROPERTIES"
 NO_SHRINK_ENV = "SWAPSPEC_ZOO_NO_SHRINK"
 
 
-@pytest.hookimpl(trylast=True)  # after properties.plugin has loaded --swapspec-profile
+@pytest.hookimpl(trylast=True)  # after properties.harness.plugin has loaded --swapspec-profile
 def pytest_configure(config: Any) -> None:
     """With ``SWAPSPEC_ZOO_NO_SHRINK=1``, drop the shrink (and explain) phases from the loaded
     profile, keeping everything else. Whether a derandomized run fails is decided in the
@@ -110,7 +110,7 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
     wanted = {p for p in os.environ.get(PROPERTIES_ENV, "").split(",") if p}
     if not wanted:
         return
-    from swapspec.properties.plugin import property_id
+    from swapspec.properties.harness.marking import property_id
 
     keep = [item for item in items if property_id(item) in wanted]
     dropped = [item for item in items if property_id(item) not in wanted]

@@ -1,6 +1,6 @@
 """Zoo: ``_apply`` without a memo across modules: tied tensors are converted once per slot.
 
-Origin: torch's ``_apply`` (up to 2.13, see ``properties/torch_deviations.py``:
+Origin: torch's ``_apply`` (up to 2.13, see ``properties/declarations/torch.py``:
 ``converts_some_tensor_twice``) recurses ``module._apply(fn)`` into each child with no
 shared memo, so a tensor tied across modules, or a submodule shared by two parents, is
 converted twice: ``t + 1`` becomes ``t + 2`` on the set_data/swap paths and the tie

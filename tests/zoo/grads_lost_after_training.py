@@ -19,8 +19,8 @@ from tests.zoo import ZooTarget
 
 ORIGIN = "swapspec sequences: grads made by training after a conversion are lost by the next one"
 CAUGHT_BY = frozenset({"SEQ-STATE"})
-ONE_SHOT_PATHS = ("properties/test_apply.py", "properties/test_apply_training.py",
-                  "properties/test_together.py")
+ONE_SHOT_PATHS = ("properties/rules/test_apply.py", "properties/rules/test_apply_training.py",
+                  "properties/rules/test_together.py")
 
 # id(parameter) -> (the parameter, the grad this target left on it or None, its version);
 # strong references: a weak one would make swap_tensors refuse the tensor

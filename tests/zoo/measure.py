@@ -120,7 +120,7 @@ def measure_one(name: str, run_all: bool) -> TargetFigures:
     import pytest
     from hypothesis.internal.observability import add_observability_callback
 
-    from swapspec.properties.plugin import property_id
+    from swapspec.properties.harness.marking import property_id
     from tests.zoo import PROPERTIES_ENV, selector, zoo_module
 
     zoo = zoo_module(name)

@@ -3,7 +3,7 @@ length of the shrunk sequence.
 
 ``python -m tests.zoo.measure_sequences`` (from the checkout) runs each target's ``CAUGHT_BY``
 properties in-process under the CI profile's generation (derandomized, no database, the
-budget of ``properties.sequences.sequence_settings``): once without shrinking (time to the
+budget of ``properties.rules.sequence_machine.sequence_settings``): once without shrinking (time to the
 first failing sequence) and once with it (total time, and the steps of the shrunk sequence),
 and prints a Markdown table.
 """
@@ -15,10 +15,15 @@ import warnings
 
 from hypothesis import Phase, settings
 
-from swapspec.properties.deviations import ConformanceError
-from swapspec.properties.plugin import isolated_global_state
-from swapspec.properties.sequences import repro_of, run_sequences, sequence_settings, steps_in
-from swapspec.properties.targets import load_target
+from swapspec.properties.harness.checker import ConformanceError
+from swapspec.properties.harness.isolation import isolated_global_state
+from swapspec.properties.harness.targets import load_target
+from swapspec.properties.rules.sequence_machine import (
+    repro_of,
+    run_sequences,
+    sequence_settings,
+    steps_in,
+)
 from tests.zoo import SEQUENCE_ZOO, SEQUENCE_ZOO_SLOW, selector, zoo_module
 
 

@@ -24,8 +24,8 @@ from tests.zoo import ZooTarget
 
 ORIGIN = "swapspec sequences: a conversion cache kept across apply calls"
 CAUGHT_BY = frozenset({"SEQ-STATE", "SEQ-FORWARD"})
-ONE_SHOT_PATHS = ("properties/test_apply.py", "properties/test_apply_training.py",
-                  "properties/test_together.py")
+ONE_SHOT_PATHS = ("properties/rules/test_apply.py", "properties/rules/test_apply_training.py",
+                  "properties/rules/test_together.py")
 
 # key -> (the tensor, fn's result); strong references: a weak one would make swap_tensors refuse
 _MEMO: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}

@@ -4,7 +4,7 @@ Origin: torch's ``_apply`` (2.1 to 2.13, the swap path of pytorch #113000): a pa
 ``torch.utils.swap_tensors`` refuses (a weak reference to it, as ``torch.compile``'s guards hold)
 raises ``RuntimeError: _apply(): Couldn't swap ...`` after the tensors before it were converted,
 and a refused grad leaves its parameter swapped and its grad ``None``. Declared for the torch
-target as ``converts_before_refused_swap`` in ``properties/torch_deviations.py``. Everything else
+target as ``converts_before_refused_swap`` in ``properties/declarations/torch.py``. Everything else
 here is the reference's: one ``fn`` call per tensor, all calls before any commit, its paths.
 """
 

@@ -4,7 +4,7 @@ Origin: torch 2.13 ``_reparametrize_module`` (``NamedMemberAccessor.swap_tensors
 two names reaching one slot through a shared submodule are swapped one after the other;
 the second swap records the first's given tensor as the "original", and restoring in the
 same order leaves it in the module. Declared for the torch target as
-``swaps_one_slot_twice`` in ``properties/torch_deviations.py``.
+``swaps_one_slot_twice`` in ``properties/declarations/torch.py``.
 """
 
 from __future__ import annotations

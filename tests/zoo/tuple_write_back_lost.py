@@ -2,7 +2,7 @@
 
 Origin: torch 2.13 ``torch.func.functional_call`` (``torch/_functorch/functional_call.py``
 merges the dicts, then ``_functional_call`` writes rebinds into the merged dict); declared
-for the torch target as ``tuple_rebind_lost`` in ``properties/torch_deviations.py``.
+for the torch target as ``tuple_rebind_lost`` in ``properties/declarations/torch.py``.
 """
 
 from __future__ import annotations

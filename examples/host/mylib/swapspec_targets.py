@@ -14,9 +14,9 @@ from functools import partial
 from hypothesis import strategies as st
 
 import mylib
-from swapspec.properties.deviations import Deviation
-from swapspec.properties.targets import Target
-from swapspec.properties.torch_deviations import TORCH_DEVIATIONS
+from swapspec.properties.declarations.torch import TORCH_DEVIATIONS
+from swapspec.properties.harness.targets import Target
+from swapspec.properties.vocabulary import Deviation
 from swapspec.strategies import Conversion, HostModule
 
 MERGES_OVERLAPS = Deviation(

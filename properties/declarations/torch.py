@@ -1,0 +1,378 @@
+"""Deviations of the ``torch`` and ``torch-stateless`` targets from the spec, as data (the
+predicates they name are in ``declarations.torch_apply`` and ``declarations.torch_functional_call``).
+
+Each entry was observed with the suite, reduced to a minimal repro (kept in its
+``reason``), and given a predicate that describes exactly the examples where torch
+shows it. A declaration that stops being observed fails the run as stale: that is how a
+fix in a new torch release shows up.
+
+The predicates model torch's own decisions from the module before the call: which
+path ``_apply`` takes for each parameter, how often its traversal visits a module,
+which names ``functional_call`` swaps into one slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from swapspec.properties.declarations.torch_apply import (
+             commits_before_raising,
+             converts_before_refused_swap,
+             converts_some_tensor_twice,
+             drops_parameter_class,
+             graph_grad_not_leaf,
+             loses_tensor_hooks,
+             loses_tensor_hooks_unless_norm_raises,
+             non_idempotent_twice,
+             non_idempotent_twice_on_grads,
+             old_weight_norm_swapped,
+             overwrite_splits_tied_parameters,
+             rebinding_splits_tied_buffers,
+             rnn_weight_swapped_elsewhere,
+             shared_grad_swapped,
+             split_tied_buffer_shares_storage,
+             swap_ignores_new_hooks,
+             swap_ignores_new_hooks_unless_norm_raises,
+             swap_refuses_subclass,
+             swaps_twice_back,
+)
+from swapspec.properties.declarations.torch_functional_call import (
+             parametrized_name_swap_refused,
+             parametrized_name_with_right_inverse,
+             parametrized_name_without_right_inverse,
+             partial_tie_group_key_error,
+             partial_ties_beside_conflict,
+             reparametrizing_name_given,
+             restore_sets_wrapper_into_plain,
+             shared_slot_write_back_wrong,
+             slot_conflict_ignored,
+             swap_refused_by_graph_grads,
+             swaps_a_grad,
+             swaps_one_slot_twice,
+             tuple_rebind_lost,
+             weight_norm_restore_rounds,
+)
+from swapspec.properties.vocabulary import CRASH, Deviation
+
+APPLY_IDS = ("APPLY-PATH", "APPLY-NO-SET-DATA-ACROSS-IMPL", "APPLY-VALUES",
+             "APPLY-PARAMETER-IDENTITY", "APPLY-GRADS", "APPLY-NONE-SLOTS", "APPLY-TIES",
+             "APPLY-FN-ONCE", "APPLY-RECURSE-FALSE", "APPLY-ROUND-TRIP", "APPLY-FORWARD",
+             "APPLY-TENSOR-HOOKS", "APPLY-OPTIMIZER")
+
+
+# The XLA leg's conversions run the same _apply: its raising behaviours show there too.
+XLA_APPLY_IDS = ("XLA-DTYPE-PATH", "XLA-MOVE-ALL-FLAGS", "XLA-ROUND-TRIP", "XLA-STATE")
+
+
+SHARED_SLOT = (
+    "functional_call swaps a shared submodule's slot once per name and restores in the same "
+    "order, so the last restore puts a given tensor back (or raises KeyError). Repro: "
+    "lin = nn.Linear(2, 2); m = nn.Sequential(lin, lin); W = lin.weight; "
+    "torch.func.functional_call(m, {'0.weight': torch.zeros(2, 2)}, (torch.ones(1, 2),)); "
+    "assert lin.weight is W  # fails")
+
+
+PARTIAL_TIES = (
+    "With tie_weights=True, a tie group of 3+ names with 2+ (not all) given makes "
+    "_untie_named_tensors_map read a name that was not given: KeyError. Repro: "
+    "m = nn.Module(); m.a = nn.Parameter(torch.ones(1)); m.b = m.a; m.c = m.a; "
+    "m.forward = lambda x: x; t = torch.zeros(1); "
+    "torch.func.functional_call(m, {'a': t, 'b': t}, (t,))  # KeyError: 'c'")
+
+
+STATELESS_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        "FC-BAD-INPUT", lambda ex: not isinstance(ex.call.tensors, Mapping), "wrong-error",
+        "torch.nn.utils.stateless.functional_call does not check its input's form: a "
+        "non-mapping fails later with AttributeError. Repro: "
+        "torch.nn.utils.stateless.functional_call(nn.Linear(2, 2), 7, (torch.ones(1, 2),)) "
+        "# AttributeError: 'int' object has no attribute 'keys'"),
+)
+
+
+HOOKS_LOST = (
+    "Hooks registered on a parameter stop firing after a conversion on the overwrite path (a new "
+    "Parameter without them) and on the swap path (they stay on the swapped-out TensorImpl).")
+
+
+HOOKS_AFTER_SWAP = (
+    "After a swap, a hook registered on the parameter never fires: register_hook only adds to "
+    "the swapped-in Python object's hook table.")
+
+
+PARAMETRIZED_NAME = (
+    "torch.func.functional_call's documentation says a value given under a parametrized "
+    "attribute's own name 'will completely disable the parametrization'. torch instead assigns "
+    "it through the parametrization's right_inverse and reads the parametrization again, so "
+    "forward reads another tensor (orthogonal and spectral_norm even change its values), and "
+    "a parametrization without right_inverse raises. Repro: m = nn.Linear(2, 2); "
+    "torch.nn.utils.parametrizations.orthogonal(m); seen = {}; "
+    "m.register_forward_pre_hook(lambda mod, a: seen.update(w=mod.weight)); "
+    "v = torch.ones(2, 2); torch.func.functional_call(m, {'weight': v}, (torch.ones(1, 2),)); "
+    "assert seen['w'] is v  # fails")
+
+
+SEQUENCE_IDS = ("SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER")
+
+
+TORCH_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        SEQUENCE_IDS, swaps_a_grad, "raised", always=False, reason=
+        "Found by sequences only, and only sometimes (seen in CI runs of all targets under "
+        "pytest -n 2, not when the property runs alone): on the swap path torch refuses to swap "
+        "a parameter's grad ('_apply(): Couldn't swap GenericLeaf.p0.grad'): swap_tensors saw "
+        "another reference to the grad's TensorImpl left by an earlier step. No minimal repro "
+        "yet; torch 2.13. Repro: a sequence repro printed by SEQ-HOOKS on torch-stateless."),
+    Deviation(
+        SEQUENCE_IDS, swap_refused_by_graph_grads,
+        ("value", "grad-value", "grad-lost", "object-changed", "class", "attributes"),
+        always=False, reason=
+        "Found by sequences (backward(create_graph=True), then a conversion on the swap path): "
+        "the grads' graph holds a parameter, swap_tensors refuses it, and _apply has already "
+        "committed the tensors it converted before that one, so the module is left half "
+        "converted (the reference refuses before changing anything). Whether a parameter is "
+        "held depends on the module (parametrizations hold theirs). Seen on torch 2.13. Repro: "
+        "m = nn.Sequential(nn.Linear(2, 2), "
+        "torch.nn.utils.parametrizations.weight_norm(nn.Linear(2, 2))); "
+        "(m(torch.ones(1, 2)) ** 2).sum().backward(create_graph=True); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.double()  # raises "
+        "RuntimeError: Couldn't swap ParametrizationList.original0; "
+        "assert m[0].weight.dtype == torch.float32  # fails: float64"),
+    Deviation(
+        APPLY_IDS + XLA_APPLY_IDS, old_weight_norm_swapped, "raised", always=False, reason=
+        "The old hook-based torch.nn.utils.weight_norm (and spectral_norm) keep `weight` as an "
+        "attribute computed from weight_g and weight_v (weight_orig), whose autograd graph can "
+        "hold them; on the swap path swap_tensors then refuses them and _apply raises "
+        "(torch 2.13; a backward without create_graph frees the graph, and then the swap goes "
+        "through). Repro: "
+        "m = nn.Linear(2, 2); "
+        "torch.nn.utils.weight_norm(m); torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+    Deviation(
+        "APPLY-ATOMIC", old_weight_norm_swapped, "no-error", always=False, reason=
+        "Where fn would raise on a later tensor, torch's _apply may first raise its own "
+        "RuntimeError: with the old hook-based weight_norm (or spectral_norm) on the swap path, "
+        "swap_tensors refuses weight_g/weight_v (see the `raised` declaration), so fn's error "
+        "never comes out (torch 2.13). Repro: m = nn.Linear(2, 2); torch.nn.utils.weight_norm(m); "
+        "m(torch.ones(1, 2)); n = [0]; "
+        "def fn(t):\n n[0] += 1\n if n[0] == 3: raise ValueError\n return t + 1; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m._apply(fn)  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+    Deviation(
+        APPLY_IDS + XLA_APPLY_IDS, shared_grad_swapped, "raised",
+        "The overwrite path gives each slot of a tied parameter its own new Parameter but "
+        "the same converted grad object; a later conversion on the swap path then refuses that "
+        "grad, which the other Parameter still holds, and _apply raises (torch 2.13). Repro: "
+        "m = nn.Module(); m.p0 = nn.Parameter(torch.ones(4)); m.p0.grad = torch.ones(4); "
+        "m.p1 = m.p0; torch.__future__.set_overwrite_module_params_on_conversion(True); "
+        "m.float(); assert m.p0 is not m.p1 and m.p0.grad is m.p1.grad; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double()  # RuntimeError: _apply(): Couldn't swap Module.p0.grad"),
+    Deviation(
+        APPLY_IDS, rnn_weight_swapped_elsewhere, "raised",
+        "RNNBase._apply drops the RNN's weak references to its flat weights only around its own "
+        "conversion; a flat weight tied into another module is swapped there while a weak "
+        "reference exists, and swap_tensors refuses it (torch 2.13). Repro: "
+        "rnn = nn.RNN(2, 2); o = nn.Module(); o.p0 = rnn.weight_ih_l0; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "nn.Sequential(o, rnn).double()  # RuntimeError: _apply(): Couldn't swap Module.p0"),
+    Deviation(
+        APPLY_IDS + XLA_APPLY_IDS, graph_grad_not_leaf, "raised",
+        "After backward(create_graph=True) the grads carry a graph; where _apply replaces a grad "
+        "(overwrite flag, or a TensorImpl change such as to('meta')) it asserts "
+        "`param_grad.is_leaf` and raises halfway. Repro: m = nn.Linear(2, 2); "
+        "m(torch.ones(1, 2)).pow(2).sum().backward(create_graph=True); "
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); "
+        "m.double()  # AssertionError: param_grad must be a leaf tensor"),
+    Deviation(
+        "APPLY-TENSOR-HOOKS", loses_tensor_hooks, "before-hook-lost",
+        "Hooks registered on a parameter (register_hook, register_post_accumulate_grad_hook) "
+        "stop firing after a conversion on the overwrite path (a new Parameter without them) "
+        "and on the swap path (they stay on the swapped-out TensorImpl) (torch 2.13). Repro: "
+        "m = nn.Linear(2, 2); n = []; m.weight.register_hook(lambda g: n.append(1)); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.double(); "
+        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails. "
+        "A module built on meta and given storage by to_empty(device='cpu') takes the overwrite "
+        "path whatever the flags (meta and CPU TensorImpls are not shallow-copy compatible), so "
+        "hooks registered before to_empty are lost too. Repro: "
+        "m = nn.Linear(2, 2, device='meta'); n = []; m.weight.register_hook(lambda g: n.append(1)); "
+        "m.to_empty(device='cpu'); m(torch.ones(1, 2)).sum().backward(); assert n  # fails"),
+    Deviation("APPLY-TENSOR-HOOKS", loses_tensor_hooks_unless_norm_raises, "before-hook-lost",
+              always=False, reason="Where an old-style weight or spectral norm may make _apply "
+              "raise first (see its declaration): otherwise, as the declaration below. " + HOOKS_LOST),
+    Deviation("APPLY-TENSOR-HOOKS", swap_ignores_new_hooks_unless_norm_raises, "after-hook-lost",
+              always=False, reason="Where an old-style weight or spectral norm may make _apply "
+              "raise first (see its declaration): otherwise, as the declaration below. "
+              + HOOKS_AFTER_SWAP),
+    Deviation(
+        "APPLY-TENSOR-HOOKS", swap_ignores_new_hooks, "after-hook-lost",
+        "After a swap, a hook registered on the parameter never fires: the swapped-in Python "
+        "object already has a hook table, so register_hook only adds to it and never "
+        "registers it on the new TensorImpl (torch 2.13). Repro: m = nn.Linear(2, 2); "
+        "m.weight.register_hook(lambda g: g); torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double(); n = []; m.weight.register_hook(lambda g: n.append(1)); "
+        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails"),
+    Deviation("FC-PARAMETRIZED", parametrized_name_without_right_inverse, "raised",
+              PARAMETRIZED_NAME),
+    Deviation("FC-PARAMETRIZED", parametrized_name_with_right_inverse, "not-disabled",
+              PARAMETRIZED_NAME),
+    Deviation(
+        "FC-PARAMETRIZED", parametrized_name_swap_refused, "raised",
+        "Given a value under a weight-normed or spectral-normed attribute's own name, "
+        "functional_call first reads the attribute (to restore it later), computing it with "
+        "grad enabled, so its autograd graph saves the originals; it then assigns the value "
+        "through right_inverse, and where parametrize._maybe_set takes the swap path (the "
+        "originals are a traceable wrapper subclass such as TwoTensor, or the swap "
+        "flag is set) swap_tensors refuses the saved originals and the call raises (torch 2.13). "
+        "Repro: m = nn.Linear(2, 2); torch.nn.utils.parametrizations.weight_norm(m); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "torch.func.functional_call(m, {'weight': torch.ones(2, 2)}, (torch.ones(1, 2),))  "
+        "# RuntimeError: Expected use_count of t1 to be 1 or 2 with an AccumulateGrad node but "
+        "got 3"),
+    Deviation(
+        "FC-PARAMETRIZED", restore_sets_wrapper_into_plain, CRASH,
+        "Given a plain value under a parametrized attribute's own name while its originals are "
+        "a traceable wrapper subclass (TwoTensor) and the swap flag is off, functional_call "
+        "assigns it through right_inverse and parametrize._maybe_set swaps it into the "
+        "original (a wrapper destination takes the swap path), so the original is a plain "
+        "Parameter; the restore then assigns the old TwoTensor-valued right_inverse through "
+        "`set_`, which leaves the original without storage, and the next read of the module "
+        "raises or kills the interpreter (torch 2.13). Repro: from "
+        "torch.testing._internal.two_tensor import TwoTensor; m = nn.Linear(3, 3); "
+        "w = m.weight.detach(); m.weight = nn.Parameter(TwoTensor(w, w.clone())); "
+        "torch.nn.utils.parametrizations.orthogonal(m); "
+        "torch.func.functional_call(m, {'weight': torch.rand(3, 3)}, (torch.rand(1, 3),)); "
+        "m.weight  # RuntimeError: ... its data is not allocated yet (or a segfault)"),
+    Deviation(
+        "FC-PARAMETRIZED", reparametrizing_name_given, "not-restored",
+        "Restoring a parametrized weight after a call that named it assigns the old weight "
+        "through right_inverse: for spectral_norm that stores weight/sigma, so "
+        "`parametrizations.weight.original` keeps its object but not its values; for "
+        "orthogonal it rebinds the parametrization's `base` buffer. Repro: m = nn.Linear(3, 3); "
+        "torch.nn.utils.parametrizations.spectral_norm(m); o = m.parametrizations.weight.original; "
+        "before = o.detach().clone(); torch.func.functional_call(m, {'weight': torch.rand(3, 3)}, "
+        "(torch.ones(1, 3),)); assert torch.equal(o, before)  # fails"),
+    Deviation("FC-PARAMETRIZED", swaps_one_slot_twice, "not-restored", SHARED_SLOT),
+    Deviation(
+        "FC-PARAMETRIZED", weight_norm_restore_rounds, "not-restored", reason=
+        "Restoring a weight-normed weight after a call that named it assigns the old weight "
+        "through right_inverse, which recomputes original0 = norm(w) and original1 = w: the "
+        "values can come back rounded (torch 2.13). Repro: m = nn.Conv2d(2, 2, 3).double(); "
+        "torch.nn.utils.parametrizations.weight_norm(m); o = m.parametrizations.weight.original0; "
+        "before = o.detach().clone(); torch.func.functional_call(m, {'weight': torch.rand(2, 2, 3, 3, "
+        "dtype=torch.double)}, (torch.ones(1, 2, 5, 5, dtype=torch.double),)); "
+        "torch.equal(o, before)  # False where norm(w) rounds"),
+    Deviation(
+        APPLY_IDS, swap_refuses_subclass, "raised",
+        "The swap and overwrite paths build `Parameter(fn(p))`; when fn returns a Parameter "
+        "subclass instance unchanged (float() on a float32 one), Parameter() refuses it "
+        "(`Creating a Parameter from an instance of type P requires that detach() returns an "
+        "instance of the same type`) and _apply raises halfway. Repro: "
+        "class P(nn.Parameter): pass; m = nn.Linear(2, 2); m.weight = P(m.weight.detach()); "
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); m.float()"),
+    Deviation(
+        "APPLY-PARAMETER-IDENTITY", drops_parameter_class, ("class", "attributes"),
+        "The swap and overwrite paths rebuild a plain `Parameter(fn(p), requires_grad)`: "
+        "Parameter subclasses (and lazy modules' UninitializedParameter) and instance "
+        "attributes are lost. Repro: p = nn.Parameter(torch.ones(2)); p.tag = 'x'; "
+        "m = nn.Module(); m.p = p; torch.__future__.set_overwrite_module_params_on_conversion(True); "
+        "m.double(); assert hasattr(m.p, 'tag')  # fails"),
+    Deviation(
+        "APPLY-TIES", overwrite_splits_tied_parameters, "parameter-tie-split",
+        "_apply keeps no memo: on the overwrite path each slot of a tied parameter gets its "
+        "own new Parameter (pytorch/xla weight-tying docs). Repro: m = nn.Module(); "
+        "m.a = nn.Parameter(torch.ones(2)); m.b = m.a; "
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); m.double(); "
+        "assert m.a is m.b  # fails"),
+    Deviation(
+        "APPLY-TIES", rebinding_splits_tied_buffers, "buffer-tie-split",
+        "Buffers are rebound per slot, `self._buffers[k] = fn(buf)`, so a buffer registered "
+        "under two names ends as two tensors. Repro: m = nn.Module(); "
+        "m.register_buffer('a', torch.ones(2)); m.register_buffer('b', m.a); m.double(); "
+        "assert m.a is m.b  # fails"),
+    Deviation(
+        "APPLY-FORWARD", split_tied_buffer_shares_storage, "stale-forward", always=False, reason=
+        "A buffer registered under two names is converted once per slot (see buffer-tie-split); "
+        "when fn's result shares its input's memory, as TwoTensor(t.detach(), t.detach().clone()) "
+        "does through `a`, the two results are distinct objects whose `a` tensors still share "
+        "memory while their `b` tensors do not. A fresh build holding clones of them has no such "
+        "half-tie, so where forward updates one of them in place (BatchNorm's running stats in "
+        "training) the converted module's output has a != b (torch 2.13). Repro: "
+        "m = nn.BatchNorm1d(2); m.running_var = m.running_mean; "
+        "m._apply(lambda t: TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() "
+        "else t); m(torch.tensor([[0., 2.], [2., 0.]])); "
+        "assert torch.equal(m.running_var.a, m.running_var.b)  # fails: 0.29 vs 0.2"),
+    Deviation(
+        "APPLY-FN-ONCE", converts_some_tensor_twice, ("fn-repeated", "fn-on-result"),
+        "_apply keeps no memo and recurses through children(), which drops repeats within "
+        "one parent only: a tied tensor, or a module shared by two parents, is converted "
+        "once per encounter. Repro: m = nn.Module(); m.a = nn.Parameter(torch.ones(2)); "
+        "m.b = m.a; calls = []; m._apply(lambda t: calls.append(t) or t); "
+        "assert len(calls) == 1  # 2"),
+    Deviation(
+        "APPLY-VALUES", non_idempotent_twice, "value",
+        "Converted twice (see APPLY-FN-ONCE), a non-idempotent fn is applied to its own "
+        "result: `t + 1` ends as `t + 2`. Repro: m = nn.Module(); "
+        "m.a = nn.Parameter(torch.zeros(1)); m.b = m.a; m._apply(lambda t: t + 1); "
+        "assert m.a.item() == 1  # 2.0"),
+    Deviation(
+        "APPLY-GRADS", non_idempotent_twice_on_grads, "grad-value",
+        "A tied parameter's grad is converted once per slot too: `g + 1` ends as `g + 2`. "
+        "Repro: as APPLY-VALUES with m.a.grad = torch.zeros(1); m.a.grad.item() == 2.0"),
+    Deviation(
+        ("APPLY-PATH", "XLA-DTYPE-PATH"), swaps_twice_back, "path-swap", always=False, reason=
+        "A parameter met twice on the swap path is swapped twice; the second new TensorImpl "
+        "can reuse the address the first swap freed, so its _cdata may end where it started, "
+        "as if set_data had run (only sometimes: it depends on the allocator). Repro: "
+        "leaf = nn.Linear(2, 2); m = nn.ModuleList([nn.ModuleList([leaf]), "
+        "nn.ModuleList([leaf])]); c = leaf.weight._cdata; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.float(); "
+        "assert leaf.weight._cdata != c  # fails when the address is reused"),
+    Deviation(
+        "APPLY-ATOMIC", commits_before_raising,
+        ("value-changed", "slot-changed", "grad-changed"),
+        "_apply commits each tensor as soon as fn returns, so an error on the k-th tensor "
+        "leaves the first k-1 converted. Repro: m = nn.Linear(2, 2); n = [0]; "
+        "def fn(t):\n n[0] += 1\n if n[0] == 2: raise ValueError\n return t.double(); "
+        "m._apply(fn) raises, and m.weight.dtype is float64"),
+    Deviation(
+        "APPLY-REFUSED-SWAP", converts_before_refused_swap,
+        ("value-changed", "slot-changed", "grad-changed", "cdata-changed"),
+        "_apply commits each tensor before it swaps the next, so a tensor swap_tensors refuses "
+        "leaves those before it converted; a refused grad also leaves its parameter swapped and "
+        "its grad None. Repro: m = nn.Linear(2, 2); m.weight.grad = torch.ones(2, 2); "
+        "held = weakref.ref(m.weight.grad); torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.double() raises RuntimeError, then m.weight.dtype is float64 and m.weight.grad is None"),
+    Deviation(
+        ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice, "not-restored",
+        SHARED_SLOT),
+    Deviation("TOGETHER-APPLY-IN-FORWARD", swaps_one_slot_twice, "original-changed",
+              SHARED_SLOT),
+    Deviation("FC-TIES", slot_conflict_ignored, ("slot-conflict", "touched-on-error"),
+              "With tie_weights=False torch does not notice two names of one shared slot "
+              "given different objects; the last one wins and the slot is not restored. "
+              + SHARED_SLOT),
+    Deviation(("FC-VISIBLE", "FC-TIES"), partial_tie_group_key_error, ("raised", "tie-conflict"),
+              PARTIAL_TIES),
+    Deviation("FC-TIES", partial_ties_beside_conflict, "tie-conflict", always=False,
+              reason="Sometimes, by set order: " + PARTIAL_TIES),
+    Deviation("FC-STRICT", partial_tie_group_key_error, ("strict-error", "raised"),
+              PARTIAL_TIES),
+    Deviation("FC-BAD-INPUT", partial_tie_group_key_error, "wrong-error", PARTIAL_TIES),
+    Deviation("FC-BAD-INPUT", swaps_one_slot_twice, "touched-on-error",
+              "When a later name is bad, torch undoes its swaps in the order it made them, so a "
+              "shared submodule's slot swapped under two names keeps the first given tensor. "
+              + SHARED_SLOT),
+    Deviation("FC-ORACLE", partial_tie_group_key_error, "output", PARTIAL_TIES),
+    Deviation("FC-WRITE-BACK", partial_tie_group_key_error, "forward-outcome", PARTIAL_TIES),
+    Deviation("FC-WRITE-BACK", shared_slot_write_back_wrong, ("in-place-lost", "rebind-lost"),
+              SHARED_SLOT),
+    Deviation(
+        "FC-WRITE-BACK", tuple_rebind_lost, "rebind-lost",
+        "torch.func.functional_call merges a tuple of dicts into a new dict, so a buffer "
+        "rebound in forward is written back to that temporary dict, not to the caller's. "
+        "Repro: class B(nn.Module):\n def __init__(s): super().__init__(); "
+        "s.register_buffer('b', torch.zeros(1))\n def forward(s, x): s.b = s.b + 1; return x; "
+        "d = {'b': torch.zeros(1)}; torch.func.functional_call(B(), (d,), (torch.ones(1),)); "
+        "d['b'] is still the zeros tensor"),
+)

@@ -1,0 +1,449 @@
+"""Facts about torch's ``nn.Module._apply``, as predicates over a drawn ``Example``: which path
+it takes for each parameter, how often its traversal visits a module, what it converts twice,
+what it commits before raising. The torch declarations (``declarations.torch``) read them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from swapspec.properties.models.apply_state import is_uninitialized
+from swapspec.properties.models.examples import (
+    Example,
+    holds_values,
+)
+from swapspec.strategies import tree_info
+
+
+# ---- facts about torch's _apply ---------------------------------------------------------
+def torch_visits(module: nn.Module) -> dict[int, int]:
+    """How many times ``module._apply`` runs on each submodule.
+
+    ``_apply`` recurses through ``children()``, which drops repeats within one parent
+    only, so a submodule shared by two parents is converted twice.
+    """
+    visits: dict[int, int] = {}
+
+    def walk(m: nn.Module) -> None:
+        visits[id(m)] = visits.get(id(m), 0) + 1
+        for child in m.children():
+            walk(child)
+
+    walk(module)
+    return visits
+
+
+def _scope(example: Example) -> list[nn.Module]:
+    module = example.module
+    if not example.recurse:
+        return [module]
+    return list({id(m): m for m in module.modules()}.values())
+
+
+def _params(example: Example) -> list[nn.Parameter]:
+    found = [p for m in _scope(example) for p in m._parameters.values() if p is not None]
+    return list({id(p): p for p in found}.values())
+
+
+def _buffers(example: Example) -> list[Tensor]:
+    found = [b for m in _scope(example) for b in m._buffers.values() if b is not None]
+    return list({id(b): b for b in found}.values())
+
+
+def _results(example: Example, tensors: list[Tensor]) -> list[tuple[Tensor, Any]]:
+    """(tensor, what a fresh ``fn`` returns for it), up to the first tensor ``fn`` refuses."""
+    fn = example.conversion.make_fn()
+    results = []
+    with torch.no_grad():
+        for t in tensors:
+            try:
+                results.append((t, fn(t)))
+            except Exception:
+                break
+    return results
+
+
+def torch_path(example: Example, param: Tensor, applied: Any) -> str:
+    """The path torch's ``_apply`` takes for one parameter."""
+    if example.flags.swap or is_traceable_wrapper_subclass(applied):
+        return "swap"
+    if torch._has_compatible_shallow_copy_type(param, applied) and not example.flags.overwrite:
+        return "set_data"
+    return "overwrite"
+
+
+def _is_subclassed(p: Tensor) -> bool:
+    return type(p) is not nn.Parameter or bool(p.__dict__)
+
+
+def swap_refuses_subclass(example: Example) -> bool:
+    """Swap or overwrite path on a ``Parameter`` subclass whose ``fn`` returns it unchanged.
+
+    Both paths wrap the result as ``Parameter(fn(p))``, which refuses an instance of a
+    ``Parameter`` subclass, so ``_apply`` raises.
+    """
+    return any(issubclass(type(p), nn.Parameter) and type(p) is not nn.Parameter and applied is p
+               and torch_path(example, p, applied) != "set_data"
+               for p, applied in _results(example, _params(example)))
+
+
+def old_norm_refusals(example: Example) -> list[Tensor]:
+    """The tensors ``swap_tensors`` refuses on the swap path because an old hook-based
+    ``weight_norm`` or ``spectral_norm`` holds them: the sources of its computed ``weight``
+    attribute (``weight_g``/``weight_v``, ``weight_orig``) while that attribute's autograd graph
+    still holds them. ``swap_tensors`` refuses a leaf whose TensorImpl has more uses than the
+    tensor and its ``AccumulateGrad`` node (``Tensor._use_count() > 2``); a ``backward`` without
+    ``create_graph`` frees the graph's saved tensors, and a spectral-norm weight computed with
+    no forward yet has no graph, and then the swap goes through."""
+    refused = []
+    for m in _scope(example):
+        hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm | SpectralNorm)]
+        for hook in hooks:
+            for suffix in ("_g", "_v", "_orig"):
+                p = m._parameters.get(hook.name + suffix)
+                if p is not None and p._use_count() > 2 and any(
+                        torch_path(example, q, applied) == "swap"
+                        for q, applied in _results(example, [p])):
+                    refused.append(p)
+    return refused
+
+
+def old_weight_norm_swapped(example: Example) -> bool:
+    """``_apply`` raises: ``swap_tensors`` refuses a tensor an old-style norm holds
+    (``old_norm_refusals``)."""
+    return bool(old_norm_refusals(example))
+
+
+def graph_grad_not_leaf(example: Example) -> bool:
+    """A grad that carries an autograd graph (``backward(create_graph=True)``) on a parameter
+    whose grad torch replaces (not swapped, not ``.data =``): torch asserts
+    ``param_grad.is_leaf``."""
+    for p, applied in _results(example, _params(example)):
+        grad = p.grad
+        if grad is None or grad.is_leaf or torch_path(example, p, applied) == "swap":
+            continue
+        with torch.no_grad():
+            grad_applied = example.conversion.make_fn()(grad)
+        if example.flags.overwrite or not torch._has_compatible_shallow_copy_type(grad, grad_applied):
+            return True
+    return False
+
+
+def rnn_weight_swapped_elsewhere(example: Example) -> bool:
+    """An RNN's flat weight is tied into a slot of another module, on the swap path: only the
+    RNN's own ``_apply`` drops its weak references to the flat weights (and ``_init_flat_weights``
+    makes them again), so where torch's traversal meets the weight in the other module,
+    ``swap_tensors`` refuses it."""
+    if not example.recurse:
+        return False
+    rnn_params = {id(p): m for m in _scope(example) if isinstance(m, nn.RNNBase)
+                  for p in m._parameters.values() if p is not None}
+    elsewhere = [p for m in _scope(example) for p in m._parameters.values()
+                 if p is not None and id(p) in rnn_params and m is not rnn_params[id(p)]]
+    return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, elsewhere))
+
+
+def shared_grad_swapped(example: Example) -> bool:
+    """Two distinct parameters hold one grad object (what the overwrite path leaves of a tied
+    parameter with a grad), and one of them takes the swap path: ``swap_tensors`` refuses a
+    grad that another parameter still holds."""
+    holders: dict[int, int] = {}
+    for p in _params(example):
+        if p.grad is not None:
+            holders[id(p.grad)] = holders.get(id(p.grad), 0) + 1
+    shared = [p for p in _params(example) if p.grad is not None and holders[id(p.grad)] > 1]
+    return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, shared))
+
+
+def torch_apply_raises_on_state(example: Example) -> bool:
+    """torch's ``_apply`` raises because of what the module holds (old-style weight norm graphs,
+    graph-carrying grads, tied RNN weights, a grad two parameters share), whatever the
+    parameter classes."""
+    return (old_weight_norm_swapped(example) or graph_grad_not_leaf(example)
+            or rnn_weight_swapped_elsewhere(example) or shared_grad_swapped(example))
+
+
+def torch_apply_raises(example: Example) -> bool:
+    """torch's ``_apply`` raises on this example (then no other deviation shows)."""
+    return swap_refuses_subclass(example) or torch_apply_raises_on_state(example)
+
+
+def _certain_raise(example: Example) -> bool:
+    """The raises that always happen (old-style norms raise only sometimes)."""
+    return (swap_refuses_subclass(example) or graph_grad_not_leaf(example)
+            or rnn_weight_swapped_elsewhere(example) or shared_grad_swapped(example))
+
+
+def _earlier_leaves_set_data(example: Example) -> bool:
+    """Some trainable parameter left the set_data path in an earlier conversion with no flag
+    set: a TensorImpl change, as ``to_empty(device='cpu')`` makes on a ``meta``-world tree
+    (``_has_compatible_shallow_copy_type(meta, cpu)`` is false: overwrite path). The example's
+    module has already been through those conversions, so they are replayed on a fresh build
+    of the tree (``tree_info``), each parameter holding the previous result, as set_data leaves it."""
+    if not example.earlier:
+        return False
+    try:
+        fresh = tree_info(example.module).build()
+    except KeyError:  # not a built tree: nothing to replay
+        return False
+    tensors = list({id(p): p for p in fresh.parameters()
+                    if p.requires_grad and not is_uninitialized(p)}.values())
+    for conversion in example.earlier:
+        fn, results = conversion.make_fn(), []
+        with torch.no_grad():
+            for t in tensors:
+                try:
+                    applied = fn(t)
+                except Exception:  # the property assumes the earlier conversions ran
+                    return False
+                if torch_path(example, t, applied) != "set_data":
+                    return True
+                results.append(applied)
+        tensors = results
+    return False
+
+
+def _loses_tensor_hooks(example: Example) -> bool:
+    """Some parameter takes the overwrite path (a new object without the hooks) or the swap
+    path (the hooks stay registered on the swapped-out TensorImpl), in the conversion or in an
+    earlier one (a flag decides the path of those, or a TensorImpl change:
+    ``_earlier_leaves_set_data``)."""
+    if _certain_raise(example):
+        return False
+    trainable = [p for p in _params(example) if p.requires_grad]
+    if example.earlier and trainable and (example.flags.swap or example.flags.overwrite):
+        return True
+    if trainable and _earlier_leaves_set_data(example):
+        return True
+    return any(torch_path(example, p, applied) != "set_data"
+               for p, applied in _results(example, trainable))
+
+
+def _swap_ignores_new_hooks(example: Example) -> bool:
+    """Some parameter takes the swap path, in the conversion or an earlier one (the swap flag
+    decides those): ``register_hook`` after the swap adds to the swapped-in hook table but never
+    registers it on the new TensorImpl."""
+    if _certain_raise(example):
+        return False
+    trainable = [p for p in _params(example) if p.requires_grad]
+    if example.earlier and trainable and example.flags.swap:
+        return True
+    return any(torch_path(example, p, applied) == "swap"
+               for p, applied in _results(example, trainable))
+
+
+def loses_tensor_hooks(example: Example) -> bool:
+    return not old_weight_norm_swapped(example) and _loses_tensor_hooks(example)
+
+
+def swap_ignores_new_hooks(example: Example) -> bool:
+    return not old_weight_norm_swapped(example) and _swap_ignores_new_hooks(example)
+
+
+def loses_tensor_hooks_unless_norm_raises(example: Example) -> bool:
+    """As ``loses_tensor_hooks`` where an old-style norm may make ``_apply`` raise first."""
+    return old_weight_norm_swapped(example) and _loses_tensor_hooks(example)
+
+
+def swap_ignores_new_hooks_unless_norm_raises(example: Example) -> bool:
+    return old_weight_norm_swapped(example) and _swap_ignores_new_hooks(example)
+
+
+def drops_parameter_class(example: Example) -> bool:
+    """A ``Parameter`` subclass or attribute-carrying parameter takes swap or overwrite
+    with a new tensor from ``fn``: torch rebuilds a plain ``Parameter`` (or, for a tensor
+    subclass result such as ``TwoTensor``, that class) without the instance attributes."""
+    return not torch_apply_raises(example) and any(
+        _is_subclassed(p) and applied is not p and torch_path(example, p, applied) != "set_data"
+        and (_keeps_own_attributes(p, applied) or not is_traceable_wrapper_subclass(applied))
+        for p, applied in _results(example, _params(example)))
+
+
+def _keeps_own_attributes(p: Tensor, applied: Any) -> bool:
+    """Whether ``p`` has instance attributes the spec keeps: ones ``applied`` does not set
+    (``_is_param``, the mark ``Parameter()`` puts on a tensor subclass, is the parameter itself)."""
+    return any(a not in getattr(applied, "__dict__", {}) for a in p.__dict__ if a != "_is_param")
+
+
+def _distinct_slots(example: Example, registry: str) -> dict[int, int]:
+    """How many distinct (module, key) slots hold each tensor in ``registry``."""
+    counts: dict[int, int] = {}
+    for m in _scope(example):
+        for t in getattr(m, registry).values():
+            if t is not None:
+                counts[id(t)] = counts.get(id(t), 0) + 1
+    return counts
+
+
+def overwrite_splits_tied_parameters(example: Example) -> bool:
+    """A parameter held by two slots takes the overwrite path: each slot gets its own copy."""
+    held = _distinct_slots(example, "_parameters")
+    return not torch_apply_raises(example) and any(
+        held[id(p)] > 1 and torch_path(example, p, applied) == "overwrite"
+        for p, applied in _results(example, _params(example)))
+
+
+def rebinding_splits_tied_buffers(example: Example) -> bool:
+    """A buffer held by two slots, with ``fn`` returning a new tensor: one result per slot."""
+    held = _distinct_slots(example, "_buffers")
+    return not torch_apply_raises(example) and any(
+        held[id(b)] > 1 and applied is not b for b, applied in _results(example, _buffers(example)))
+
+
+def _dense_leaves(t: Tensor) -> list[Tensor]:
+    """``t``, or the plain tensors a wrapper subclass (``TwoTensor``) holds, nested ones too."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [leaf for n in names for leaf in _dense_leaves(getattr(t, n))]
+    return [t]
+
+
+def _new_object_sharing_storage(t: Tensor, applied: Any) -> bool:
+    """``applied`` is a new object that holds (part of) ``t``'s memory, as
+    ``TwoTensor(t.detach(), t.detach().clone())`` does through its ``a``."""
+    if applied is t or not isinstance(applied, Tensor):
+        return False
+    try:
+        mine = {x.untyped_storage().data_ptr() for x in _dense_leaves(t)
+                if x.device.type != "meta"} - {0}
+        return any(x.untyped_storage().data_ptr() in mine for x in _dense_leaves(applied)
+                   if x.device.type != "meta")
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return False
+
+
+def split_tied_buffer_shares_storage(example: Example) -> bool:
+    """A buffer held by two slots, with ``fn`` returning a new object that shares (part of) its
+    memory: torch's one result per slot (``rebinding_splits_tied_buffers``) are two objects that
+    still alias each other in part, a half-tie that a fresh build (one clone per object) lacks.
+    It shows in forward only where forward updates one of them in place (BatchNorm's running
+    stats in training, a GenericLeaf's ``steps``) before the other is read."""
+    held = _distinct_slots(example, "_buffers")
+    return not torch_apply_raises(example) and any(
+        held[id(b)] > 1 and _new_object_sharing_storage(b, applied)
+        for b, applied in _results(example, _buffers(example)))
+
+
+def _slot_counts(example: Example, registry: str) -> dict[int, int]:
+    """How many times torch's traversal meets each tensor in ``registry`` slots."""
+    visits = torch_visits(example.module)
+    counts: dict[int, int] = {}
+    for m in _scope(example):
+        times = visits[id(m)] if example.recurse else 1
+        for t in getattr(m, registry).values():
+            if t is not None:
+                counts[id(t)] = counts.get(id(t), 0) + times
+    return counts
+
+
+def converts_some_tensor_twice(example: Example) -> bool:
+    """Some tensor is met twice by torch's traversal (a tie, or a module visited twice)."""
+    if torch_apply_raises(example):
+        return False
+    counts = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
+    return any(n > 1 for n in counts.values())
+
+
+def _converts_result_again(example: Example, tensors: list[Tensor]) -> bool:
+    """Some tensor's second conversion is applied to its first result.
+
+    That happens on the set_data and swap paths (the object itself changed) whenever the
+    tensor is met twice, and on every path when its module is visited twice.
+    """
+    if torch_apply_raises(example):
+        return False
+    met = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
+    visits = torch_visits(example.module)
+    twice_visited = {id(t) for m in _scope(example) if visits[id(m)] > 1
+                     for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}
+    params = {id(p) for p in _params(example)}
+    for t, applied in _results(example, tensors):
+        in_place = id(t) in params and torch_path(example, t, applied) != "overwrite"
+        if (in_place and met.get(id(t), 0) > 1) or id(t) in twice_visited:
+            return True
+    return False
+
+
+def non_idempotent_twice(example: Example) -> bool:
+    """``add(1)`` applied twice to some tensor: its value ends ``+2``."""
+    if example.conversion.name != "add(1)":
+        return False
+    return _converts_result_again(example, [*_params(example), *_buffers(example)])
+
+
+def non_idempotent_twice_on_grads(example: Example) -> bool:
+    """``add(1)`` applied twice to a parameter that has a grad: the grad ends ``+2``."""
+    if example.conversion.name != "add(1)":
+        return False
+    with_grad = [p for p in _params(example) if p.grad is not None]
+    return _converts_result_again(example, with_grad)
+
+
+def torch_call_order(example: Example) -> list[Tensor]:
+    """The tensors torch's ``_apply`` passes to ``fn``, in order, repeats included."""
+    order: list[Tensor] = []
+
+    def walk(m: nn.Module) -> None:
+        if example.recurse or m is example.module:
+            children = list(m.children()) if example.recurse else []
+            for child in children:
+                walk(child)
+            for p in m._parameters.values():
+                if p is not None:
+                    order.extend([p] + ([p.grad] if p.grad is not None else []))
+            order.extend(b for b in m._buffers.values() if b is not None)
+
+    walk(example.module)
+    return order
+
+
+def commits_before_raising(example: Example) -> bool:
+    """torch's first ``fn`` call succeeds before the raising one, so it committed something.
+
+    ``raise_on(k)`` raises on call k, and ``t + 1`` raises at once on an uninitialized
+    parameter; ``_apply`` commits each tensor right after its call, and raises its own error
+    right after the call on a tensor ``swap_tensors`` refuses (``old_norm_refusals``).
+    """
+    k = example.conversion.raises_on
+    order = torch_call_order(example)
+    refused = {id(t) for t in old_norm_refusals(example)}
+    first_failure = next((i for i, t in enumerate(order)
+                          if is_uninitialized(t) or id(t) in refused), len(order))
+    committed = order[:min(k - 1, first_failure)]
+    return any(_commit_shows(example, t, applied) for t, applied in _results(example, committed))
+
+
+def _commit_shows(example: Example, t: Tensor, applied: Any) -> bool:
+    """Whether committing ``fn(t)`` is visible: always for a tensor with values; for a
+    ``meta`` one only as a new object in its slot or new metadata."""
+    if holds_values(t):
+        return True
+    replaced = not isinstance(t, nn.Parameter) or torch_path(example, t, applied) == "overwrite"
+    return replaced or (t.dtype, t.shape, t.device) != (applied.dtype, applied.shape, applied.device)
+
+
+def converts_before_refused_swap(example: Example) -> bool:
+    """torch converts another tensor before the first swap it cannot make (a refused grad
+    comes right after its own parameter's swap), and ``_apply`` keeps what it converted.
+
+    That first refusal is the drawn refused tensor or, when earlier, one an old-style norm
+    holds (``old_norm_refusals``): ``weight_g`` comes before ``weight_v``, so with ``weight_v``
+    refused torch raises on ``weight_g`` and converts nothing before it."""
+    refused = {id(example.refused_tensor())} | {id(t) for t in old_norm_refusals(example)}
+    order = torch_call_order(example)
+    return next(i for i, t in enumerate(order) if id(t) in refused) > 0
+
+
+def swaps_twice_back(example: Example) -> bool:
+    """A swapped parameter is met two or more times: each swap frees a TensorImpl whose
+    address a later swap may reuse, so its ``_cdata`` can end where it started."""
+    if torch_apply_raises(example):
+        return False
+    counts = _slot_counts(example, "_parameters")
+    return any(counts[id(p)] >= 2 and torch_path(example, p, applied) == "swap"
+               for p, applied in _results(example, _params(example)))

@@ -1,0 +1,68 @@
+"""Print the property catalogue and the declared deviations as Markdown tables.
+
+Usage: ``python -m properties.harness.catalogue`` (from the checkout). The README's tables come
+from this command, so they always match the code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Iterator
+
+PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties.rules.test_apply_training",
+                    "swapspec.properties.rules.test_functional_call",
+                    "swapspec.properties.rules.test_together", "swapspec.properties.rules.test_xla",
+                    "swapspec.properties.rules.test_sequences",
+                    "swapspec.properties.rules.test_load_state_dict")
+
+
+def properties() -> Iterator[tuple[str, str, str]]:
+    """(ID, rule, origin) of every property, in file order."""
+    for module_name in PROPERTY_MODULES:
+        module = importlib.import_module(module_name)
+        for _, test in inspect.getmembers(module, inspect.isfunction):
+            marks = getattr(test, "pytestmark", [])
+            ids = [m.args[0] for m in marks if m.name == "swapspec_property"]
+            if ids:
+                doc = inspect.getdoc(test) or ""
+                yield ids[0], _first_sentence(doc), _origin(doc)
+
+
+def _first_sentence(doc: str) -> str:
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def _origin(doc: str) -> str:
+    match = re.search(r"Origin:\s*(.+?)(?:\n\n|$)", doc, re.S)
+    return " ".join(match.group(1).split()) if match else ""
+
+
+def deviations() -> Iterator[tuple[str, str, str, str]]:
+    """(properties, clauses, torch versions, reason) of every torch declaration."""
+    from swapspec.properties.harness.targets import builtin_target
+
+    for d in builtin_target("torch").deviations:
+        low, below = d.torch_versions
+        versions = f"{low or ''}..{below or ''}" if (low or below) else "all"
+        yield ", ".join(d.property_ids), " / ".join(d.clauses), versions, d.reason
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def main() -> None:
+    print("| ID | rule | origin |\n|---|---|---|")
+    for pid, rule, origin in sorted(properties()):
+        print(f"| `{pid}` | {_cell(rule)} | {_cell(origin)} |")
+    if "--deviations" in sys.argv:
+        print("\n| properties | clause(s) | torch | reason and repro |\n|---|---|---|---|")
+        for pids, clauses, versions, reason in deviations():
+            print(f"| {pids} | `{clauses}` | {versions} | {_cell(reason)} |")
+
+
+if __name__ == "__main__":
+    main()

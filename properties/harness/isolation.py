@@ -1,0 +1,60 @@
+"""Global-state isolation: every property test (and every test of swapspec's own suite) leaves
+torch's and the reference's global state as it found it, or fails."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from swapspec import reference
+from swapspec.reference import overrides as reference_overrides
+
+
+@contextlib.contextmanager
+def isolated_global_state() -> Iterator[None]:
+    """Restore torch's and the reference's global state on exit, even on failure.
+
+    Covers ``torch.__future__``'s two flags, the reference's flags and ``_apply`` override
+    registrations, the default dtype, grad mode and the CPU RNG (torch's and Python's). A body
+    that leaves them changed fails (``pytest.fail``) after they are restored.
+    """
+    saved = _global_state()
+    rng = torch.get_rng_state()
+    py_rng = random.getstate()
+    try:
+        yield
+    finally:
+        leaked = {k: v for k, v in _global_state().items() if saved[k] != v}
+        _restore(saved)
+        torch.set_rng_state(rng)
+        random.setstate(py_rng)
+    if leaked:
+        pytest.fail(f"test leaked global state (now restored): {sorted(leaked)}")
+
+
+def _global_state() -> dict[str, object]:
+    future = torch.__future__
+    return {
+        "torch overwrite flag": future.get_overwrite_module_params_on_conversion(),
+        "torch swap flag": future.get_swap_module_params_on_conversion(),
+        "reference overwrite flag": reference.get_overwrite_module_params_on_conversion(),
+        "reference swap flag": reference.get_swap_module_params_on_conversion(),
+        "reference apply overrides": reference_overrides.registered_apply_overrides(),
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+    }
+
+
+def _restore(state: dict[str, object]) -> None:
+    future = torch.__future__
+    future.set_overwrite_module_params_on_conversion(state["torch overwrite flag"])
+    future.set_swap_module_params_on_conversion(state["torch swap flag"])
+    reference.set_overwrite_module_params_on_conversion(state["reference overwrite flag"])
+    reference.set_swap_module_params_on_conversion(state["reference swap flag"])
+    reference_overrides.restore_registered_apply_overrides(state["reference apply overrides"])
+    torch.set_default_dtype(state["default dtype"])
+    torch.set_grad_enabled(state["grad mode"])

@@ -1,0 +1,38 @@
+"""The ``swapspec_property`` marker: how a test becomes the check of one property, and how the
+plugin recognises one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+
+def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -> Callable:
+    """Mark a test as the check of one property, for the report and deviation lookup.
+
+    Also relaxes what a host profile may set that does not fit torch: the deadline
+    (torch's first calls are slow and machines are noisy), the too-slow and data-too-large
+    health checks, and any in ``suppress``; and always prints a failure's
+    ``@reproduce_failure`` blob, so a random run's failure can be replayed exactly.
+    """
+    relax = settings(deadline=None, print_blob=True,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                            *suppress])
+
+    def mark(test: Callable) -> Callable:
+        return pytest.mark.swapspec_property(property_id)(relax(test))
+
+    return mark
+
+
+def is_property_test(node: pytest.Item | pytest.Metafunc) -> bool:
+    """Tests the plugin acts on: those marked ``swapspec_property``."""
+    definition = getattr(node, "definition", node)
+    return definition.get_closest_marker("swapspec_property") is not None
+
+
+def property_id(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("swapspec_property")
+    return marker.args[0] if marker else None

@@ -1,0 +1,250 @@
+"""Targets: the implementations the suite tests, and how one is chosen.
+
+A target is any object (a module qualifies) with a ``name: str`` and at least one of:
+
+- ``apply(module, fn, *, overwrite: bool, swap: bool, recurse: bool = True)``;
+- ``functional_call(module, tensors, args=(), kwargs=None, *, tie_weights=True, strict=False)``;
+
+and optionally the data the suite reads next to it:
+
+- ``deviations``: a sequence of ``properties.harness.checker.Deviation`` it is known to have;
+- ``skips``: a mapping ``{property_id: reason}`` of properties that do not apply to it;
+- ``call_forms``: the ``tensors`` forms its ``functional_call`` takes (default: a dict, and
+  tuples of dicts); the properties draw only these;
+- ``load_state_dict(module, state_dict, *, strict=True, assign=False, swap: bool)``, returning
+  torch's ``(missing_keys, unexpected_keys)`` named tuple; without it the ``LOAD-`` properties
+  are skipped for the target.
+- ``lacks``: names from ``FEATURES`` it does not implement, beyond the callables it simply
+  does not have (e.g. ``{"tie_weights", "strict"}`` for a ``functional_call`` without those
+  keywords; ``tuple_inputs`` follows from ``call_forms``);
+- ``conversions``: a Hypothesis strategy of ``swapspec.strategies.Conversion`` (its own
+  tensor subclass, its device move), drawn alongside the built-in conversions;
+- ``modules``: a Hypothesis strategy of ``swapspec.strategies.HostModule`` (its own
+  ``nn.Module`` s), drawn alongside the built-in module trees;
+- ``exact_messages``: True to be held to torch's exact error type and wording (the built-in
+  targets are). Otherwise an error is checked by type, by the keys its message names and by the
+  module being left untouched (``properties.models.oracle.ExpectedError``), so a host need not copy
+  torch's sentences.
+
+What a target implements (``Target.has``): each of ``FEATURES``. A callable feature
+(``apply``, ``functional_call``, ``load_state_dict``) is there when the object has it (not
+None); a feature of the call (``tie_weights``, ``strict``, ``tuple_inputs``) is there unless
+``lacks`` names it, and never without ``functional_call``; ``tuple_inputs`` needs a tuple form
+in ``call_forms``. A property that needs a missing feature
+(``properties.vocabulary.NEEDS``) is skipped with one stated reason, and the calls draw only the
+options the target has: without ``tie_weights`` every call is a ``tie_weights=True`` call made
+without the keyword; without ``strict``, a ``strict=False`` call made without the keyword.
+
+Select one with ``--swapspec-target``, ``SWAPSPEC_TARGET`` or the ini key ``swapspec_target``:
+a built-in name, ``all`` (every built-in), ``package.module`` (the module is the target) or
+``package.module:attribute``; comma-separated for several.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from swapspec import reference
+from swapspec.properties.declarations.torch import STATELESS_DEVIATIONS, TORCH_DEVIATIONS
+from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
+from swapspec.properties.declarations.xla import XLA_DEVIATIONS
+from swapspec.properties.vocabulary import Deviation
+
+BUILTIN_NAMES = ("reference", "torch", "torch-stateless")
+
+FEATURES: dict[str, str] = {
+    "apply": "apply(module, fn, *, overwrite, swap, recurse)",
+    "functional_call": "functional_call(module, tensors, args, kwargs, ...)",
+    "tie_weights": "functional_call's tie_weights keyword",
+    "strict": "functional_call's strict keyword",
+    "tuple_inputs": "functional_call taking a tuple of dicts",
+    "load_state_dict": "load_state_dict(module, state_dict, *, strict, assign, swap)",
+}
+CALLABLE_FEATURES = ("apply", "functional_call", "load_state_dict")
+KEYWORD_FEATURES = {"tie_weights": "functional_call", "strict": "functional_call",
+                    "tuple_inputs": "functional_call"}
+
+
+class TargetError(Exception):
+    """A target string that names nothing usable."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One implementation under test, with its declared deviations and skips."""
+
+    name: str
+    apply: Callable[..., nn.Module] | None = None
+    functional_call: Callable[..., Any] | None = None
+    deviations: tuple[Deviation, ...] = ()
+    skips: Mapping[str, str] = field(default_factory=dict)
+    spec: str = ""  # the string that selects it, for repros; defaults to ``name``
+    call_forms: tuple[str, ...] = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
+    lacks: frozenset[str] = frozenset()
+    conversions: Any = None  # a strategy of Conversion, or None
+    modules: Any = None  # a strategy of HostModule, or None
+    exact_messages: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lacks", frozenset(self.lacks))
+        unknown = sorted(self.lacks - set(FEATURES))
+        if unknown:
+            raise TargetError(f"target {self.name!r} lacks unknown feature(s) {', '.join(unknown)}"
+                              f"; known: {', '.join(FEATURES)}")
+        if not any(self.has(f) for f in CALLABLE_FEATURES):
+            raise TargetError(f"target {self.name!r} implements none of "
+                              f"{', '.join(CALLABLE_FEATURES)}")
+
+    def has(self, feature: str) -> bool:
+        """Whether the target implements ``feature`` (one of ``FEATURES``)."""
+        if feature not in FEATURES:
+            raise KeyError(f"unknown feature {feature!r}; known: {', '.join(FEATURES)}")
+        if feature in self.lacks:
+            return False
+        if feature == "tuple_inputs" and not any(f.startswith("tuple") for f in self.call_forms):
+            return False
+        if feature in KEYWORD_FEATURES:
+            return self.has(KEYWORD_FEATURES[feature])
+        return getattr(self, feature, None) is not None
+
+    def missing(self, needed: Iterable[str]) -> list[str]:
+        """The features of ``needed`` the target does not implement, in order."""
+        return [f for f in needed if not self.has(f)]
+
+    def call_keywords(self, *, tie_weights: bool = True, strict: bool = False) -> dict[str, bool]:
+        """The keywords to pass to ``functional_call``: only those the target takes."""
+        wanted = {"tie_weights": tie_weights, "strict": strict}
+        return {k: v for k, v in wanted.items() if self.has(k)}
+    load_state_dict: Callable[..., Any] | None = None
+
+    @property
+    def selector(self) -> str:
+        """What ``load_target`` takes to get this target back."""
+        return self.spec or self.name
+
+    def __repr__(self) -> str:
+        """The selector only: falsifying examples print this, not the declarations."""
+        return f"Target({self.selector!r})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis prints dataclasses field by field unless told otherwise."""
+        printer.text(repr(self))
+
+
+def torch_apply(
+    module: nn.Module, fn: Callable, *, overwrite: bool, swap: bool, recurse: bool = True
+) -> nn.Module:
+    """``module._apply(fn, recurse)`` with ``torch.__future__``'s flags set for the call."""
+    future = torch.__future__
+    saved = (
+        future.get_overwrite_module_params_on_conversion(),
+        future.get_swap_module_params_on_conversion(),
+    )
+    try:
+        future.set_overwrite_module_params_on_conversion(overwrite)
+        future.set_swap_module_params_on_conversion(swap)
+        return module._apply(fn, recurse=recurse)
+    finally:
+        future.set_overwrite_module_params_on_conversion(saved[0])
+        future.set_swap_module_params_on_conversion(saved[1])
+
+
+def torch_load_state_dict(module: nn.Module, state_dict, *, strict: bool = True,
+                          assign: bool = False, swap: bool) -> Any:
+    """``module.load_state_dict(state_dict, strict, assign)`` with ``torch.__future__``'s swap
+    flag set for the call and restored in ``finally``."""
+    future = torch.__future__
+    saved = future.get_swap_module_params_on_conversion()
+    try:
+        future.set_swap_module_params_on_conversion(swap)
+        return module.load_state_dict(state_dict, strict=strict, assign=assign)
+    finally:
+        future.set_swap_module_params_on_conversion(saved)
+
+
+def stateless_functional_call(module, tensors, args=(), kwargs=None, *, tie_weights=True,
+                              strict=False):
+    """``torch.nn.utils.stateless.functional_call``, its FutureWarning silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.nn.utils.stateless.functional_call(
+            module, tensors, args, kwargs, tie_weights=tie_weights, strict=strict
+        )
+
+
+STATELESS_SKIPS = {
+    "FC-INPUT-FORMS": "torch.nn.utils.stateless.functional_call takes a single dict only",
+}
+
+
+def builtin_target(name: str) -> Target:
+    """The built-in target called ``name``."""
+    if name == "reference":  # swapspec's own: it keeps torch's wording, and is held to it
+        return dataclasses.replace(from_object(reference), exact_messages=True)
+    if name == "torch":
+        return Target("torch", torch_apply, torch.func.functional_call,
+                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + LOAD_DEVIATIONS,
+                      load_state_dict=torch_load_state_dict, exact_messages=True)
+    if name == "torch-stateless":
+        return Target("torch-stateless", torch_apply, stateless_functional_call,
+                      deviations=(TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS
+                                  + LOAD_DEVIATIONS),
+                      skips=STATELESS_SKIPS,
+                      call_forms=("dict",), load_state_dict=torch_load_state_dict,
+                      exact_messages=True)
+    raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
+                      " or give package.module:attribute")
+
+
+OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",
+                 "exact_messages")
+
+
+def from_object(obj: Any) -> Target:
+    """Wrap any object with a ``name`` and the callables it implements as a Target."""
+    if isinstance(obj, Target):
+        return obj
+    if not hasattr(obj, "name"):
+        raise TargetError(f"{obj!r} is not a target: it has no name")
+    if not any(getattr(obj, f, None) is not None for f in CALLABLE_FEATURES):
+        raise TargetError(f"{obj!r} is not a target: it has none of {', '.join(CALLABLE_FEATURES)}")
+    fields = {f.name for f in dataclasses.fields(Target)}
+    found = {f: getattr(obj, f) for f in (*CALLABLE_FEATURES, *OPTIONAL_DATA)
+             if f in fields and getattr(obj, f, None) is not None}
+    for key, kind in (("deviations", tuple), ("skips", dict), ("call_forms", tuple),
+                      ("lacks", frozenset)):
+        if key in found:
+            found[key] = kind(found[key])
+    return Target(str(obj.name), **found)
+
+
+def load_target(spec: str) -> Target:
+    """A built-in name, ``package.module`` or ``package.module:attribute`` naming a target."""
+    spec = spec.strip()
+    if ":" not in spec and (spec in BUILTIN_NAMES or "." not in spec):
+        return builtin_target(spec)
+    module_name, _, attribute = spec.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+        if attribute:
+            obj = getattr(obj, attribute)
+    except (ImportError, AttributeError) as e:
+        raise TargetError(f"cannot load target {spec!r}: {type(e).__name__}: {e}") from e
+    return dataclasses.replace(from_object(obj), spec=spec)
+
+
+def load_targets(spec: str) -> Sequence[Target]:
+    """The targets ``spec`` names; ``all`` stands for every built-in."""
+    names = [part.strip() for part in spec.split(",") if part.strip()]
+    names = [n for part in names for n in (BUILTIN_NAMES if part == "all" else (part,))]
+    if not names:
+        raise TargetError(f"no target in {spec!r}")
+    return [load_target(name) for name in names]

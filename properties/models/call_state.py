@@ -1,0 +1,161 @@
+"""The functional_call model: a module's registration state before and after a call, what forward
+saw, and the loaded copy whose plain forward is the spec's answer for a call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+from swapspec.properties.models.examples import (
+    clone_value,
+    holds_values,
+    named_tensors,
+    slots,
+)
+from swapspec.properties.models.oracle import expected_view, owner_of
+from swapspec.properties.models.outcomes import Outcome, attempt
+from swapspec.strategies import tree_info
+
+
+@dataclass
+class ModuleState:
+    """A module's registration state: slot objects, attribute names, classes, values."""
+
+    slots: dict[str, Any]
+    layout: dict[str, tuple]
+    values: dict[int, Tensor]
+
+
+def module_state(module: nn.Module) -> ModuleState:
+    """Record what a functional call must leave exactly as it found it."""
+    layout = {
+        path: (type(m), tuple(sorted(m.__dict__)), tuple(m._parameters), tuple(m._buffers))
+        for path, m in module.named_modules(remove_duplicate=False)
+    }
+    table = slots(module)
+    values = {id(t): t.detach().clone() for t in table.values()
+              if isinstance(t, Tensor) and holds_values(t)}
+    return ModuleState(table, layout, values)
+
+
+_MISSING = object()
+
+
+@dataclass
+class ForwardView:
+    """What a forward pre-hook on the root saw during the first call."""
+
+    named: dict[str, Tensor] = field(default_factory=dict)
+    parameter_ids: set[int] = field(default_factory=set)
+    buffer_ids: set[int] = field(default_factory=set)
+    state_dict: dict[str, Any] = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict)
+    seen: bool = False
+
+
+def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]]):
+    """Register a pre-hook that fills a ``ForwardView``; return (view, handle)."""
+    view = ForwardView()
+
+    def hook(mod, args, kwargs):
+        if view.seen:
+            return None
+        view.seen = True
+        view.named = named_tensors(mod)
+        view.parameter_ids = {id(p) for p in mod.parameters()}
+        view.buffer_ids = {id(b) for b in mod.buffers()}
+        view.state_dict = dict(mod.state_dict(keep_vars=True))
+        view.attributes = {n: getattr(o, k, _MISSING) for n, (o, k) in owners.items()}
+        return None
+
+    return view, module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def load_into(owner: nn.Module, key: str, value: Any) -> None:
+    """Put ``value`` permanently in ``owner``'s slot ``key`` (the oracle's copy)."""
+    for table in (owner._parameters, owner._buffers):
+        if key in table:
+            table[key] = value
+            return
+    setattr(owner, key, value)
+
+
+def identity_preserving_clones(values: Any) -> dict[int, Any]:
+    """One clone per distinct object, so names that shared an object still share one."""
+    return {id(v): clone_value(v) for v in values}
+
+
+def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any,
+                own: dict[str, Tensor] | None = None) -> tuple[nn.Module, dict]:
+    """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it.
+
+    The copy keeps every alias the real call has: a name filled with one of the module's own
+    tensors gets the copy's counterpart of that tensor (so it still shares the object with the
+    slots that hold it, and sees forward's in-place updates through them); every other filled
+    object gets one clone, shared by every name filled with it. ``own`` is the module's
+    ``named_tensors`` before the call (default: now; after a call that did not restore the
+    module, pass what it held before).
+    """
+    copy = tree_info(module).build()
+    counterparts = own_counterparts(named_tensors(module) if own is None else own, copy)
+    stand_ins = {**identity_preserving_clones(v for v in filled.values() if id(v) not in counterparts),
+                 **counterparts}
+    for name, value in filled.items():
+        owner, key = owner_of(copy, name)
+        load_into(owner, key, stand_ins[id(value)])
+    return copy, fresh_kwargs(call)
+
+
+def own_counterparts(mine: dict[str, Tensor], copy: nn.Module) -> dict[int, Tensor]:
+    """Each of the module's own tensors ``mine`` (by name, as ``named_tensors`` gives them; keyed
+    by id here) -> the tensor ``copy`` holds under the same name.
+
+    ``copy`` is a fresh build of the module's tree, so its tensors are tied as the module's are."""
+    theirs = named_tensors(copy)
+    return {id(t): theirs[name] for name, t in mine.items() if name in theirs}
+
+
+def replaced_originals(module: nn.Module, filled: dict[str, Any]) -> set[int]:
+    """Ids of the module's own tensors that a valid call filled with ``filled`` takes out of
+    reach: every slot that held one holds a filled value during the call.
+
+    Only these must keep their values: an original that an unfilled alias still shows (a
+    tied buffer with ``tie_weights=False``), or that is itself a filled value, is forward's to
+    update in place.
+    """
+    registered = named_tensors(module)
+    reachable = {id(v) for v in expected_view(module, filled).values()}
+    reachable |= {id(v) for v in filled.values()}
+    return {id(registered[n]) for n in filled if n in registered} - reachable
+
+
+def fresh_copy_holding(module: nn.Module) -> nn.Module:
+    """A fresh build of ``module``'s tree whose every slot holds a clone of ``module``'s tensor
+    there, one clone per object (ties stay ties), set with ``setattr`` so modules that derive
+    state from their parameters (an RNN's ``_flat_weights``) see them."""
+    copy = tree_info(module).build()
+    named = named_tensors(module)
+    clones = identity_preserving_clones(named.values())
+    for name, value in named.items():
+        prefix, _, key = name.rpartition(".")
+        owner = copy.get_submodule(prefix) if prefix else copy
+        clone = clones[id(value)]
+        if key in owner._parameters and not isinstance(clone, nn.Parameter):
+            clone = nn.Parameter(clone, requires_grad=value.requires_grad)
+        setattr(owner, key, clone)
+    return copy
+
+
+def fresh_kwargs(call: Any) -> dict[str, Any]:
+    """The call's kwargs with a new ``report`` list, so runs do not share one."""
+    return {k: ([] if k == "report" else v) for k, v in call.kwargs.items()}
+
+
+def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any,
+                 own: dict[str, Tensor] | None = None) -> Outcome:
+    """What forward does on a loaded copy: the spec's model of the call's result (``own``: as
+    for ``loaded_copy``)."""
+    copy, kwargs = loaded_copy(module, filled, call, own)
+    return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))

@@ -1,0 +1,243 @@
+"""The drawn example a property runs, and facts about it that deviation predicates read.
+
+Facts are computed from the module *before* the target touches it, so a predicate
+describes the input, never the outcome.
+
+A deviation's predicate (``Deviation.applies``) receives one :class:`Example`. These fields
+and methods are a stable API; a predicate reads nothing else:
+
+- ``module``: the drawn ``nn.Module``, as it was before the target ran (predicates run first);
+- ``conversion``: the ``swapspec.strategies.Conversion`` of an apply property, else None:
+  ``name`` (``"double()"``, or a host's own name), ``repro`` (its source), ``preserves_values``,
+  ``changes_impl`` (meta, sparse, XLA results), ``raises_on`` (the k of ``raise_on(k)``), ``device``;
+- ``flags``: ``swapspec.strategies.FlagSetting(overwrite, swap)`` of an apply property, else None;
+- ``call``: the ``swapspec.strategies.CallInput`` of a functional-call property, else None:
+  ``tensors`` (as passed: a dict or a tuple of dicts), ``args``, ``kwargs``, ``tie_weights``,
+  ``strict``, ``form`` (``"dict"``, ``"tuple-single"``, ``"tuple-disjoint"``,
+  ``"tuple-overlap"``), ``invalid`` (the kind of bad input drawn, or None) and ``merged()``
+  (every given name and value in one dict);
+- ``recurse``: the ``recurse`` argument of ``apply``;
+- ``refused``: the name of a parameter (``"a.weight"``) or grad (``"a.weight.grad"``) held by a
+  weak reference, so ``swap_tensors`` refuses it; None if none;
+- ``earlier``: the conversions applied before ``conversion`` (same flags);
+- ``has(fact)``: a structural fact of the module (``module_facts``): ``"alias-parameter"``,
+  ``"alias-buffer"``, ``"shared-submodule"``, ``"tied-parameter"``, ``"parameter-subclass"``,
+  ``"uninitialized-parameter"``, ``"parameter-attributes"``, ``"grad"``, ``"parameter"``;
+- ``names_before``: every name of every parameter and buffer, aliases included, and its tensor.
+
+Helpers a predicate may call on ``module``: ``named_tensors``, ``alias_groups``,
+``shared_submodules``, ``distinct_parameters`` (below), and ``swapspec.strategies.tree_info``
+(``tree_info(example.module).features``: the drawn tree's feature tags, ``"leaf: host"`` for a
+host's own module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import UninitializedParameter, UninitializedTensorMixin
+
+
+def named_tensors(module: nn.Module) -> dict[str, Tensor]:
+    """Every name of every parameter and buffer, aliases included (``remove_duplicate=False``)."""
+    return dict([
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ])
+
+
+def slots(module: nn.Module) -> dict[str, Any]:
+    """Every registered slot by dotted name, ``None`` slots and shared paths included."""
+    table: dict[str, Any] = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for registry in (m._parameters, m._buffers):
+            for key, value in registry.items():
+                table[f"{prefix}.{key}" if prefix else key] = value
+    return table
+
+
+def alias_groups(module: nn.Module) -> list[list[str]]:
+    """Names that reach one tensor object, for every object with two or more names."""
+    by_id: dict[int, list[str]] = {}
+    for name, tensor in named_tensors(module).items():
+        by_id.setdefault(id(tensor), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def shared_submodules(module: nn.Module) -> list[list[str]]:
+    """Paths that reach one submodule object, for every submodule with two or more paths."""
+    by_id: dict[int, list[str]] = {}
+    for path, m in module.named_modules(remove_duplicate=False):
+        by_id.setdefault(id(m), []).append(path)
+    return [paths for paths in by_id.values() if len(paths) > 1]
+
+
+def distinct_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """Each parameter object once."""
+    return list({id(p): p for p in module.parameters()}.values())
+
+
+@dataclass
+class Example:
+    """One drawn case: a module and, depending on the property, a conversion, flags, a call."""
+
+    module: nn.Module
+    conversion: Any = None
+    flags: Any = None
+    call: Any = None
+    recurse: bool = True
+    refused: str | None = None  # a parameter (``"a.weight"``) or grad (``"a.weight.grad"``) held by a weakref
+    earlier: tuple[Any, ...] = ()  # conversions applied (same flags) before ``conversion``
+    load: Any = None  # a ``strategies.state_dicts.LoadInput`` for the LOAD- properties
+    facts: frozenset[str] = field(default=frozenset(), init=False)
+    names_before: dict[str, Tensor] = field(default_factory=dict, init=False)
+    tensors_before: Any = field(default=None, init=False)  # the call's mappings, before write-back
+
+    def __post_init__(self) -> None:
+        self.facts = frozenset(module_facts(self.module))
+        self.names_before = named_tensors(self.module)
+        if self.call is not None:
+            own = {id(t) for t in self.names_before.values()}
+            self.tensors_before = _copy_mappings(self.call.tensors, own)
+
+    def refused_parameter(self) -> tuple[str, bool] | None:
+        """``(parameter name, whether its grad is the refused tensor)``, or None."""
+        if self.refused is None:
+            return None
+        return self.refused.removesuffix(".grad"), self.refused.endswith(".grad")
+
+    def refused_tensor(self) -> Tensor | None:
+        """The tensor named by ``refused``, as it was before the target ran."""
+        if self.refused is None:
+            return None
+        name, is_grad = self.refused_parameter()
+        tensor = self.names_before[name]
+        return tensor.grad if is_grad else tensor
+
+    def has(self, fact: str) -> bool:
+        """Whether the module had ``fact`` (see ``module_facts``) before the target ran."""
+        return fact in self.facts
+
+
+def clone_value(value: Any) -> Any:
+    """An independent copy of a given value, keeping ``Parameter``-ness."""
+    if not isinstance(value, Tensor) or isinstance(value, UninitializedTensorMixin):
+        return value
+    copy = value.detach().clone()
+    if isinstance(value, nn.Parameter):
+        return nn.Parameter(copy, requires_grad=value.requires_grad)
+    return copy.requires_grad_(value.requires_grad) if copy.is_floating_point() else copy
+
+
+def _copy_mappings(tensors: Any, own: set[int]) -> Any:
+    """The call's mappings as given: new dicts, each given tensor cloned once (so two names
+    given one object still share one copy), the module's own tensors kept as they are."""
+    clones: dict[int, Any] = {}
+
+    def copy(value: Any) -> Any:
+        if not isinstance(value, Tensor) or id(value) in own:
+            return value
+        return clones.setdefault(id(value), clone_value(value))
+
+    if isinstance(tensors, dict):
+        return {k: copy(v) for k, v in tensors.items()}
+    if isinstance(tensors, tuple | list):
+        return type(tensors)({k: copy(v) for k, v in d.items()} if isinstance(d, dict) else d
+                             for d in tensors)
+    return tensors
+
+
+def module_facts(module: nn.Module) -> set[str]:
+    """Structural facts of a module, named as deviation predicates use them."""
+    params = distinct_parameters(module)
+    facts = set()
+    groups = alias_groups(module)
+    param_ids = {id(p) for p in params}
+    tensors = named_tensors(module)
+    if any(id(tensors[g[0]]) in param_ids for g in groups):
+        facts.add("alias-parameter")
+    if any(id(tensors[g[0]]) not in param_ids for g in groups):
+        facts.add("alias-buffer")
+    if shared_submodules(module):
+        facts.add("shared-submodule")
+    if _has_tied_parameter_across_modules(module):
+        facts.add("tied-parameter")
+    if any(type(p) is not nn.Parameter for p in params):
+        facts.add("parameter-subclass")
+    if any(isinstance(p, UninitializedParameter) for p in params):
+        facts.add("uninitialized-parameter")
+    if any(p.__dict__ for p in params):
+        facts.add("parameter-attributes")
+    if any(p.grad is not None for p in params):
+        facts.add("grad")
+    if params:
+        facts.add("parameter")
+    return facts
+
+
+def _has_tied_parameter_across_modules(module: nn.Module) -> bool:
+    """One parameter object registered in two distinct (module, key) slots."""
+    seen: dict[int, tuple[int, str]] = {}
+    for m in {id(m): m for m in module.modules()}.values():
+        for key, p in m._parameters.items():
+            if p is None:
+                continue
+            if id(p) in seen and seen[id(p)] != (id(m), key):
+                return True
+            seen.setdefault(id(p), (id(m), key))
+    return False
+
+
+def is_fresh(value: Any, module_tensors: dict[str, Tensor]) -> bool:
+    """A given value that is a tensor not already held by the module."""
+    return isinstance(value, Tensor) and all(value is not t for t in module_tensors.values())
+
+
+def floating_or_complex(t: Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def snapshot_values(module: nn.Module) -> dict[str, Tensor]:
+    """Detached clones of every tensor's values (meta tensors as they are)."""
+    return {name: t.detach().clone() for name, t in named_tensors(module).items()}
+
+
+def holds_values(t: Tensor) -> bool:
+    """Whether ``t`` has values to compare: not uninitialized, not on ``meta``, not a ``FakeTensor``."""
+    return not (isinstance(t, nn.parameter.UninitializedTensorMixin) or t.device.type == "meta"
+                or is_fake(t))
+
+
+def is_fake(t: Tensor) -> bool:
+    """Whether ``t`` is a ``FakeTensor`` (it reports a real device but holds no storage)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal dtype, shape, device and values (NaNs equal); meta and fake tensors compare by
+    metadata (and a fake tensor equals only a fake one)."""
+    if (a.dtype, a.shape, a.device, a.layout) != (b.dtype, b.shape, b.device, b.layout):
+        return False
+    if not holds_values(a) or not holds_values(b):
+        return is_fake(a) == is_fake(b)
+    a, b = a.detach(), b.detach()
+    if a.layout != torch.strided:
+        a, b = a.to_dense(), b.to_dense()
+    if torch.equal(a, b):
+        return True
+    if not floating_or_complex(a):
+        return False
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@dataclass
+class StepExample(Example):
+    """A step's example, as deviation predicates see it: the module before the step, the
+    step's conversion, flags or call, and ``step`` (the rule's name)."""
+
+    step: str = ""

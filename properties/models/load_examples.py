@@ -1,0 +1,223 @@
+"""Facts about a drawn ``load_state_dict`` example, read by the LOAD- properties and by deviation
+predicates. Each is computed from the module and the drawn input before the target runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from swapspec.properties.models.examples import Example, slots
+from swapspec.strategies.state_dicts import filled_by_overrides
+from swapspec.strategies.state_dicts import (
+    swap_refused as swap_refused,  # re-exported: the predicates' name
+)
+
+
+def own_keys(module: nn.Module) -> list[str]:
+    """The keys ``module.state_dict()`` has, in its order."""
+    return list(module.state_dict(keep_vars=True))
+
+
+def is_own_data(slot: Tensor, value: Any) -> bool:
+    """``value`` is the slot itself, or a detached alias of its data with its layout (what
+    ``state_dict()`` gives)."""
+    if value is slot:
+        return True
+    if not isinstance(value, Tensor) or is_lazy(slot) or is_lazy(value):
+        return False
+    if type(value.detach()) is not type(slot.detach()):
+        return False
+    same = (value.dtype, value.shape, value.device) == (slot.dtype, slot.shape, slot.device)
+    return same and value.stride() == slot.stride() and \
+        value.storage_offset() == slot.storage_offset() and bool(torch._C._is_alias_of(value, slot))
+
+
+def equal_values(a: Any, b: Any) -> bool:
+    """Both the same object, or tensors of one kind with equal dtype, shape, device and values."""
+    if a is b:
+        return True
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or is_lazy(a) or is_lazy(b):
+        return False
+    if type(a.detach()) is not type(b.detach()):
+        return False
+    if (a.dtype, a.shape, a.device) != (b.dtype, b.shape, b.device):
+        return False
+    return a.is_meta or bool(torch.equal(a.detach(), b.detach()))
+
+
+def groups_by_object(module: nn.Module) -> list[list[str]]:
+    """Every key of the state dict, grouped by the tensor object its slot holds."""
+    groups: dict[int, list[str]] = {}
+    for key, t in module.state_dict(keep_vars=True).items():
+        if isinstance(t, Tensor):
+            groups.setdefault(id(t), []).append(key)
+    return list(groups.values())
+
+
+def conflicting_groups(module: nn.Module, given: dict[str, Any]) -> list[list[str]]:
+    """Groups whose given keys carry values that are not all equal (LOAD-TIES' conflict)."""
+    out = []
+    for keys in groups_by_object(module):
+        values = [given[k] for k in keys if k in given and isinstance(given[k], Tensor)]
+        if any(not equal_values(v, values[0]) for v in values[1:]):
+            out.append(keys)
+    return out
+
+
+def fits(slot: Tensor, value: Any) -> bool:
+    """A tensor-like value of the slot's shape (a ``(1,)`` value fits a 0-dim slot)."""
+    if not torch.overrides.is_tensor_like(value):
+        return False
+    if is_lazy(slot):
+        return True
+    shape = tuple(value.shape)
+    return shape == tuple(slot.shape) or (slot.dim() == 0 and shape == (1,))
+
+
+@dataclass
+class KeyModel:
+    """What a load of ``given`` must report: torch's missing and unexpected keys, bad values."""
+
+    missing: list[str]
+    unexpected: list[str]
+    bad_values: list[str]
+    conflicts: list[list[str]]
+
+    def fails(self, strict: bool) -> bool:
+        return bool(self.bad_values or self.conflicts or (strict and (self.missing
+                                                                       or self.unexpected)))
+
+
+def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
+    own = module.state_dict(keep_vars=True)
+    filled = filled_by_overrides(module, given)
+    missing = _spectral_norm_missing(module, given) + [k for k in own if k not in given
+                                                         and k not in filled]
+    unexpected = [k for k in given if k not in own]
+    bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
+    fitting = {k: v for k, v in given.items() if k not in bad}
+    loaded = {**_filled_values(own, filled - set(given)), **fitting}
+    return KeyModel(missing, unexpected, bad, conflicting_groups(module, loaded))
+
+
+def _filled_values(own: dict[str, Any], keys: set[str]) -> dict[str, Tensor]:
+    """The values a batch norm's ``_load_from_state_dict`` puts in for these absent
+    ``num_batches_tracked`` keys: its own buffer, or ``tensor(0)`` for a meta one. They are
+    loaded like given values, so they can conflict with a tied key's given value."""
+    return {k: own[k] if not own[k].is_meta else torch.tensor(0, dtype=torch.long)
+            for k in keys}
+
+
+def _spectral_norm_missing(module: nn.Module, given: dict[str, Any]) -> list[str]:
+    """Keys an old-style ``spectral_norm``'s load pre-hook reports missing, whatever ``strict``
+    (torch passes the hooks ``strict=True``): where the state dict records no version 1 for it
+    and lacks one of ``<name>_orig``, ``<name>_u``, ``<name>_v``, each of ``<name>_orig``,
+    ``<name>`` (the old format's key) and ``<name>_u`` it lacks. (A state dict in that old
+    format, with ``<name>``, is converted by the hook; no strategy draws one.)"""
+    metadata = getattr(given, "_metadata", None) or {}
+    out: list[str] = []
+    for path, m in module.named_modules(remove_duplicate=False):
+        for hook in m._forward_pre_hooks.values():
+            if not isinstance(hook, SpectralNorm):
+                continue
+            version = metadata.get(path, {}).get("spectral_norm", {}).get(f"{hook.name}.version")
+            key = f"{path}.{hook.name}" if path else hook.name
+            if version is not None and version >= 1:
+                continue
+            if version is None and key not in given and all(
+                    key + s in given for s in ("_orig", "_u", "_v")):
+                continue
+            out += [key + s for s in ("_orig", "", "_u") if key + s not in given]
+    return out
+
+
+def meta_into_real(module: nn.Module, given: dict[str, Any]) -> bool:
+    """A ``meta`` value given for a real slot: copying out of meta fails on the copy and swap
+    paths (``assign`` puts it in)."""
+    own = module.state_dict(keep_vars=True)
+    return any(isinstance(v, Tensor) and v.is_meta and isinstance(own.get(k), Tensor)
+               and not own[k].is_meta for k, v in given.items())
+
+
+@dataclass
+class TensorRecord:
+    """One tensor object before the load."""
+
+    obj: Tensor
+    cls: type
+    cdata: int
+    attributes: tuple[str, ...]
+    requires_grad: bool
+    grad: Tensor | None
+    dtype: torch.dtype
+    device: torch.device
+    values: Tensor | None
+
+
+def record(t: Tensor) -> TensorRecord:
+    readable = not is_lazy(t) and not t.is_meta
+    grad = t.grad if isinstance(t, nn.Parameter) else None
+    return TensorRecord(t, type(t), t._cdata, tuple(sorted(t.__dict__)), t.requires_grad, grad,
+                        t.dtype, t.device, t.detach().clone() if readable else None)
+
+
+@dataclass
+class LoadSnapshot:
+    """The module before the load: every slot's object and every tensor's record."""
+
+    slots: dict[str, Any]
+    tensors: dict[int, TensorRecord]
+
+
+def snapshot_for_load(module: nn.Module) -> LoadSnapshot:
+    table = slots(module)
+    return LoadSnapshot(table, {id(t): record(t) for t in table.values() if isinstance(t, Tensor)})
+
+
+def changes(before: LoadSnapshot, module: nn.Module) -> list[str]:
+    """What differs from ``before``: slot objects, and each tensor's class, TensorImpl,
+    attributes, requires_grad, grad, dtype, device and values."""
+    now = slots(module)
+    out = [f"slot {name!r} holds another object" for name, obj in before.slots.items()
+           if now.get(name, _ABSENT) is not obj]
+    out += [f"new slot {name!r}" for name in now if name not in before.slots]
+    for rec in before.tensors.values():
+        out += [f"{_name_of(before, rec)}: {what}" for what in _tensor_changes(rec)]
+    return out
+
+
+def _tensor_changes(rec: TensorRecord) -> list[str]:
+    t = rec.obj
+    checks = [
+        (type(t) is rec.cls, f"class {rec.cls.__name__} -> {type(t).__name__}"),
+        (t._cdata == rec.cdata, "TensorImpl replaced"),
+        (tuple(sorted(t.__dict__)) == rec.attributes, "instance attributes changed"),
+        (t.requires_grad == rec.requires_grad, "requires_grad changed"),
+        (not isinstance(t, nn.Parameter) or t.grad is rec.grad, "grad changed"),
+        ((t.dtype, t.device) == (rec.dtype, rec.device), "dtype or device changed"),
+    ]
+    out = [what for ok, what in checks if not ok]
+    if rec.values is not None and not out and not equal_values(t.detach(), rec.values):
+        out.append("values changed")
+    return out
+
+
+def _name_of(before: LoadSnapshot, rec: TensorRecord) -> str:
+    return next(n for n, o in before.slots.items() if o is rec.obj)
+
+
+_ABSENT = object()
+
+
+def load_example(module: nn.Module, load: Any) -> Example:
+    return Example(module, load=load)
+
+
+def wrapper_value(value: Any) -> bool:
+    return isinstance(value, Tensor) and is_traceable_wrapper_subclass(value)

@@ -1,0 +1,836 @@
+"""The sequence machine: a module's life, step by step, held to the model after every step.
+
+``SequenceMachine`` is a ``hypothesis.stateful.RuleBasedStateMachine``. Its first step builds a
+module from the tree strategy; each later step is one rule, drawn with its arguments:
+
+- ``convert``: ``target.apply`` with a drawn conversion and flags (``half()``, ``to_empty``,
+  ``share_memory()``, ``to('meta')``...);
+- ``functional_call``: ``target.functional_call`` with drawn tensors, ``tie_weights`` and form,
+  or ``vmap``: ``torch.func.vmap`` of it over 2 or 3 stacked copies of every parameter and
+  buffer (``in_dims=(0, None)``);
+- ``tie``: a slot re-pointed at another tensor of its kind, dtype and shape
+  (``setattr(owner, key, tensor)``), or one slot of a tie given its own copy (untie);
+- ``load_state_dict``: ``target.load_state_dict`` (only for targets that have one);
+- ``backward`` (``create_graph`` either way), ``build_optimizer``/``optimizer_step`` (SGD),
+  ``zero_grad`` (``set_to_none`` either way), ``register_hooks`` (counting tensor hooks),
+  ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
+
+The model (:mod:`~swapspec.properties.models.module_model`) predicts each step first, without calling
+the target; after the step the machine checks one invariant, chosen per property:
+
+- ``SEQ-STATE``: the module matches the model slot by slot (objects where identity is promised,
+  ties, class, attributes, ``requires_grad``, dtype/device/shape/values, grads);
+- ``SEQ-FORWARD``: a forward of the module equals the forward of a fresh build holding the
+  model's values (after every step), and a functional call returns what the model's does;
+- ``SEQ-HOOKS``: every counting hook fired as often as the model says;
+- ``SEQ-OPTIMIZER``: the optimizer holds the module's parameters wherever the path promised
+  identity.
+
+Every property also checks that the step raised only where the model raised, and that no global
+state changed (torch's and the reference's flags, default dtype, grad mode, the RNGs).
+
+Declared deviations (see :class:`StepCheck`) are matched per step: a step is judged against the
+target's declarations for the one-shot properties that cover that kind of step (an ``apply``
+step: the ``APPLY-*`` properties; a functional call: the ``FC-*`` ones and
+``TOGETHER-CONVERTED-CALL``) and for the sequence property itself, each predicate seeing that
+step's example. After a declared deviation the model takes the module's state as its own, so
+one known torch behaviour does not fail every later step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import gc
+import random
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.deterministic
+from hypothesis import HealthCheck, event, reproduce_failure, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from torch import Tensor, nn
+from torch._C._functorch import is_batchedtensor
+
+from swapspec import reference
+from swapspec.properties.harness import sequence_repro as repro
+from swapspec.properties.harness.checker import OBSERVED
+from swapspec.properties.harness.sequence_replay import REPLAY
+from swapspec.properties.harness.step_checker import StepCheck
+from swapspec.properties.models.apply_state import conversion_named, same_metadata
+from swapspec.properties.models.examples import StepExample, named_tensors, same_values
+from swapspec.properties.models.module_model import LR, UNNAMED, ModuleModel, Prediction
+from swapspec.properties.models.outcomes import Outcome, attempt
+from swapspec.properties.vocabulary import Violation
+from swapspec.strategies import (
+    CallInput,
+    LoadInput,
+    flag_settings,
+    forward_inputs,
+    module_trees,
+    tree_info,
+)
+from swapspec.strategies.decorations import OLD_STYLE
+
+STATE, FORWARD, HOOKS, OPTIMIZER = "SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER"
+
+
+# Conversions a module goes through in a life on CPU: casts, moves, to_empty after a meta move.
+SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch.float64)",
+                        "cpu()", "share_memory()", "to(memory_format=torch.channels_last)",
+                        "add(1)", "to('meta')", "to_empty(device='cpu')")
+
+
+# A life uses a few conversions again and again (to the device and back, half() for inference,
+# float() to train again): each sequence draws a palette of up to PALETTE of them at its build.
+PALETTE = 2
+
+
+palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVERSIONS]),
+                    min_size=1, max_size=PALETTE, unique_by=lambda c: c.name)
+
+
+trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())
+
+
+# Steps that call the module functionally: a slot they leave holding another object or other
+# values is ``not-restored`` (FC-RESTORE's clause).
+CALL_STEPS = ("functional_call", "vmap")
+
+
+# Copies a vmap step stacks, each the slot's values shifted 0, 1 or 2 times (``given_value``).
+VMAP_COPIES = (2, 3)
+
+
+HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost", "tensor-hooks")
+
+
+# What a load step gives each tensor key: other values of the slot's dtype, other values in
+# float64 (floating slots), the module's own state_dict() (a round trip), or other values with
+# one key of a wrong shape (the load fails and changes nothing).
+LOAD_KINDS = ("other-values", "float64", "own", "wrong-shape")
+
+
+# Budget: steps per sequence, and the share of the profile's max_examples a sequence property
+# runs (a sequence costs about as much as STEPS one-shot examples).
+STEPS = 10
+
+
+EXAMPLES_DIVISOR = 2
+
+
+def global_state() -> tuple:
+    """What no step may change: the flags, default dtype, grad mode and both RNGs."""
+    future = torch.__future__
+    return (future.get_overwrite_module_params_on_conversion(),
+            future.get_swap_module_params_on_conversion(),
+            reference.get_overwrite_module_params_on_conversion(),
+            reference.get_swap_module_params_on_conversion(),
+            torch.get_default_dtype(), torch.is_grad_enabled(),
+            tuple(torch.get_rng_state().tolist()), random.getstate())
+
+
+def while_judged(step: Callable) -> Callable:
+    """A rule that does nothing once a declared deviation has shown (see ``SequenceMachine``)."""
+
+    @functools.wraps(step)
+    def run(self: SequenceMachine, *args: Any, **kwargs: Any) -> None:
+        if self.judged:
+            step(self, *args, **kwargs)
+
+    return run
+
+
+# steps after which garbage is collected: the build (no garbage of an earlier test or sequence
+# reaches this one) and the steps whose outcome can depend on a swap being refused
+COLLECTING_STEPS = ("build", "convert", "load_state_dict")
+
+
+@contextlib.contextmanager
+def defined_empty_memory(active: bool = True) -> Iterator[None]:
+    """With ``active``, ``torch.empty`` fills floats with NaN and integers with their maximum, as
+    torch's deterministic mode does, so a conversion whose values the spec leaves open
+    (``to_empty``) gives the same values in every process: the model takes them from the
+    module, and a repro run in another interpreter must see them too. Restores the mode after."""
+    if not active:
+        yield
+        return
+    mode = (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+        torch.utils.deterministic.fill_uninitialized_memory = mode[2]
+
+
+# the repro's lines around such a conversion (the same mode, on and off again)
+DEFINED_EMPTY_MEMORY_LINES = (
+    ["torch.use_deterministic_algorithms(True, warn_only=True)  # to_empty's values: NaN",
+     "torch.utils.deterministic.fill_uninitialized_memory = True"],
+    ["torch.use_deterministic_algorithms(False)"])
+
+
+class SequenceMachine(RuleBasedStateMachine):
+    """A module's life on one target, checked against the model (see the module docstring).
+
+    ``for_target`` makes the machine for a target and a property. A host adds its own steps by
+    subclassing it and adding ``@rule`` methods: ``check = self.begin(name)`` before the step,
+    the step on ``self.module`` and its prediction on ``self.model``, then
+    ``self.after(check, prediction, outcome, repro_lines)`` (see the README), and decorating
+    it with ``while_judged``.
+
+    Once a step shows a declared deviation, the module is in a state the spec says nothing
+    about (torch left a given tensor in a slot, or half a conversion): the rest of the sequence
+    is not judged, and its rules do nothing.
+    """
+
+    target: Any = None
+    property_id: str = STATE
+
+    @classmethod
+    def for_target(cls, target: Any, property_id: str) -> type[SequenceMachine]:
+        return type(cls.__name__, (cls,), {"target": target, "property_id": property_id})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module: nn.Module | None = None
+        self.model: ModuleModel | None = None
+        self.x: Tensor | None = None
+        self.palette: list[Any] = []
+        self.opt: torch.optim.Optimizer | None = None
+        self.fired: Counter[str] = Counter()
+        self.build_lines: list[str] = []
+        self.steps: list[list[str]] = []
+        self.start = global_state()
+        self.judged = True  # False once a declared deviation has shown
+        # What is alive before the sequence draws its module is no garbage of the sequence:
+        # frozen (``gc.freeze``) until its teardown, unless something else froze objects first,
+        # so the collections before its steps scan only what the sequence made. The module is
+        # drawn after, so a cycle that later holds one of its tensors is collected.
+        gc.collect()
+        self.froze = gc.get_freeze_count() == 0
+        if self.froze:
+            gc.freeze()
+        self.vmappable = False
+
+    def teardown(self) -> None:
+        """Unfreeze what the build froze, so the process collects it again."""
+        if self.froze:
+            gc.unfreeze()
+            self.froze = False
+
+    # ---- build -----------------------------------------------------------------------
+
+    @initialize(module=trees, inputs=forward_inputs(), palette=palettes)
+    def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any]) -> None:
+        self.module, (self.x,), self.palette = module, inputs, palette
+        spec = tree_info(module).spec
+        self.model = ModuleModel.observe(module, spec)
+        # Old-style reparametrizations (weight_norm, spectral_norm, prune) store their computed
+        # attribute on the module in a forward pre-hook: under vmap that is a batched tensor
+        # escaping the vmapped function, and every later use of it raises (torch's documented
+        # vmap limitation), so the module is not left as it was in any way the spec can state.
+        self.vmappable = not any(d.kind in OLD_STYLE for d in spec.decorations)
+        self.build_lines = [*tree_info(module).source("module").splitlines(),
+                            f"x = {repro.tensor_code(self.x)}"]
+        self.after(self.begin("build"), Prediction(), Outcome(), [])
+
+    # ---- the rules -------------------------------------------------------------------
+
+    @rule(data=st.data(), flags=flag_settings())
+    @while_judged
+    def convert(self, data: st.DataObject, flags: Any) -> None:
+        conversion = data.draw(st.sampled_from(self.palette), label="conversion")
+        check = self.begin("convert", conversion=conversion, flags=flags)
+        before = self.model.snapshot()
+        prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
+                                        conversion.preserves_values)
+        open_values = not conversion.preserves_values
+        with defined_empty_memory(open_values):
+            outcome = attempt(lambda: self.target.apply(self.module, conversion.make_fn(),
+                                                        overwrite=flags.overwrite, swap=flags.swap))
+        if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
+            self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
+            self.model.poisoned = True  # a rolled-back swap poisons autograd nodes too
+        lines = repro.apply_lines(self.target, conversion.source("fn"), flags.overwrite,
+                                  flags.swap)
+        if open_values:
+            lines = [*DEFINED_EMPTY_MEMORY_LINES[0], *lines, *DEFINED_EMPTY_MEMORY_LINES[1]]
+        self.after(check, prediction, outcome, lines)
+        if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
+            self.model.stop_checking_hooks(range(len(self.model.tensors)))
+
+    @rule(data=st.data())
+    @while_judged
+    def functional_call(self, data: st.DataObject) -> None:
+        """A functional call: ``target.functional_call`` with drawn tensors, or (where
+        ``vmappable``) ``torch.func.vmap`` of it over stacked copies (``vmap``)."""
+        if self.vmappable and data.draw(st.booleans(), label="vmap"):
+            self.vmap(data)
+        else:
+            self.plain_call(data)
+
+    def plain_call(self, data: st.DataObject) -> None:
+        """``target.functional_call`` given other values for up to 3 drawn tensors, with
+        ``tie_weights`` (one drawn name per tensor, else all its names) and form drawn."""
+        model = self.model
+        chosen = data.draw(st.lists(st.sampled_from(range(len(model.tensors))), unique=True,
+                                    max_size=3), label="tensors") if model.tensors else []
+        tie_weights = data.draw(st.booleans(), label="tie_weights")
+        tuple_form = "tuple-single" in self.target.call_forms and data.draw(st.booleans(),
+                                                                            label="tuple form")
+        given: dict[str, Tensor] = {}
+        for i in chosen:
+            state = model.tensors[i]
+            names = (data.draw(st.sampled_from(state.names), label="name"),) if tie_weights \
+                else state.names
+            value = given_value(state.value)
+            given.update(dict.fromkeys(names, value))
+        tensors: Any = (given,) if tuple_form else given
+        call = CallInput(tensors, (self.x,), {}, tie_weights=tie_weights,
+                         form="tuple-single" if tuple_form else "dict")
+        check = self.begin("functional_call", call=call)
+        lines = repro.functional_call_lines(self.target, given, tie_weights, tuple_form)
+        prediction = model.forward(self.x, given=given, tie_weights=tie_weights)
+        outcome = attempt(lambda: self.target.functional_call(
+            self.module, tensors, (self.x.clone(),), {}, tie_weights=tie_weights))
+        self.after(check, prediction, outcome, lines, output=True)
+
+    def vmap(self, data: st.DataObject) -> None:
+        """``torch.func.vmap`` of ``target.functional_call`` over ``torch.stack`` of 2 or 3
+        copies of every tensor (each copy's values shifted 0-2 times by ``given_value``), under
+        one name of each tensor: vmap hands each dict entry in as its own batched tensor, so two
+        names given one object would arrive as two values, which ``tie_weights=True`` refuses;
+        given one name, a tie's other names follow it. Where the model's own vmap raises, the
+        step must raise that error type and leave the module as it was: a module vmap cannot
+        run (a batching rule torch lacks, values on ``meta``) is still held to the restore
+        rules, which a step not drawn there would not check."""
+        model = self.model
+        shifts = data.draw(st.lists(st.integers(0, 2), min_size=min(VMAP_COPIES),
+                                    max_size=max(VMAP_COPIES)), label="copies")
+        copies = [{i: shifted(t.value, k) for i, t in enumerate(model.tensors)} for k in shifts]
+        stacked = {i: torch.stack([c[i] for c in copies]) for i in range(len(model.tensors))}
+        given = {t.names[0]: stacked[i] for i, t in enumerate(model.tensors)}
+        check = self.begin("vmap", call=CallInput(given, (self.x,), {}, tie_weights=True))
+        prediction = model.vmap_call(self.x, copies)
+        outcome = attempt(lambda: vmapped_call(self.target, self.module, given, self.x))
+        self.after(check, prediction, outcome, repro.vmap_lines(self.target, given), output=True)
+
+    @precondition(lambda self: self.judged and self.model is not None
+                  and bool(self.model.untie_choices() or self.model.tie_choices()))
+    @rule(data=st.data())
+    @while_judged
+    def tie(self, data: st.DataObject) -> None:
+        """Tie a slot to another tensor as users do (``decoder.weight = encoder.weight``:
+        ``setattr(owner, key, tensor)``), or untie one slot of a tie (its own copy: a new
+        ``nn.Parameter`` of the same values and ``requires_grad``, a buffer's
+        ``detach().clone()``). A tie joins slots of one kind (parameters, or buffers: a
+        Parameter set on a buffer's key would make it a parameter) whose tensors have one
+        dtype, device and shape, so the module's forward still runs. A slot is one (module,
+        key): re-pointing a shared submodule's slot re-points all its paths."""
+        model = self.model
+        kinds = [k for k, choices in (("tie", model.tie_choices()),
+                                      ("untie", model.untie_choices())) if choices]
+        kind = data.draw(st.sampled_from(kinds), label="tie or untie")
+        if kind == "tie":
+            names, index = data.draw(st.sampled_from(model.tie_choices()), label="slot, tensor")
+            source = model.tensors[index].names[0]
+            check = self.begin("tie")
+            owner, key = slot_owner(self.module, names[0])
+            outcome = attempt(lambda: setattr(owner, key, named_tensors(self.module)[source]))
+            prediction, lines = model.tie(names, index), repro.tie_lines(names, source)
+        else:
+            names = data.draw(st.sampled_from(model.untie_choices()), label="slot")
+            parameter = model.tensors[model.slots[names[0]]].parameter
+            check = self.begin("untie")
+            owner, key = slot_owner(self.module, names[0])
+            outcome = attempt(lambda: setattr(owner, key, own_copy(getattr(owner, key))))
+            prediction, lines = model.untie(names), repro.untie_lines(names, parameter)
+        self.after(check, prediction, outcome, lines)
+
+    @precondition(lambda self: getattr(self.target, "load_state_dict", None) is not None)
+    @rule(data=st.data())
+    @while_judged
+    def load_state_dict(self, data: st.DataObject) -> None:
+        """A strict ``target.load_state_dict`` of every key, with ``assign`` and the swap flag
+        drawn, and values drawn by kind (``LOAD_KINDS``)."""
+        assign = data.draw(st.booleans(), label="assign")
+        swap = data.draw(st.booleans(), label="swap")
+        kind = data.draw(st.sampled_from(LOAD_KINDS), label="values")
+        state_dict, values, bad = self.load_values(kind, data)
+        load = LoadInput(state_dict, strict=True, assign=assign, swap=swap,
+                         invalid=("wrong-shape",) if bad else (), bad_keys=bad)
+        check = self.begin("load_state_dict", load=load)
+        before = self.model.snapshot()
+        prediction = (Prediction(error=RuntimeError) if bad else
+                      self.model.load(values, assign=assign, swap=swap, own=kind == "own"))
+        outcome = attempt(lambda: self.target.load_state_dict(
+            self.module, state_dict, strict=True, assign=assign, swap=swap))
+        if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
+            self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
+            self.model.poisoned = True
+        self.after(check, prediction, outcome, repro.load_lines(self.target, kind, state_dict,
+                                                                  assign, swap))
+        if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
+            self.model.stop_checking_hooks(range(len(self.model.tensors)))
+
+    def load_values(self, kind: str, data: st.DataObject
+                    ) -> tuple[dict[str, Any], dict[int, Tensor], tuple[str, ...]]:
+        """The state dict of one load (the module's own ``state_dict()``, its tensor keys
+        replaced by ``kind``), each tensor index's value, and the keys given a wrong shape."""
+        state_dict = self.module.state_dict()
+        keys = [k for k in state_dict if k in self.model.slots]
+        made: dict[int, Tensor] = {}
+        for key in keys:
+            index = self.model.slots[key]
+            if kind != "own" and index not in made:
+                made[index] = load_value(self.model.tensors[index].value, kind)
+            if kind != "own":
+                state_dict[key] = made[index]
+        values = {}
+        for key in keys:
+            values.setdefault(self.model.slots[key], state_dict[key])
+        bad: tuple[str, ...] = ()
+        if kind == "wrong-shape" and keys:
+            key = data.draw(st.sampled_from(keys), label="wrong-shape key")
+            value = state_dict[key]
+            state_dict[key] = torch.zeros((*value.shape, 2), dtype=value.dtype, device=value.device)
+            bad = (key,)
+        return state_dict, values, bad
+
+    @rule(data=st.data())
+    @while_judged
+    def train(self, data: st.DataObject) -> None:
+        """One training step, drawn among those that can run now: ``backward`` (plain or
+        ``create_graph``), ``zero_grad`` (``set_to_none`` either way), registering counting
+        hooks, building the optimizer (SGD) or stepping it."""
+        kinds = ["zero-grad"]
+        if not self.model.poisoned:
+            kinds.insert(0, "backward")
+        if _trainable(self.model):
+            kinds += ["register-hooks", "optimizer-step" if self.opt is not None
+                      else "build-optimizer"]
+        kind = data.draw(st.sampled_from(kinds), label="training step")
+        if kind == "backward":
+            self.backward(data.draw(st.booleans(), label="create_graph"))
+        elif kind == "zero-grad":
+            self.zero_grad(data.draw(st.booleans(), label="set_to_none"))
+        elif kind == "register-hooks":
+            self.register_hooks(data)
+        elif kind == "build-optimizer":
+            self.build_optimizer()
+        else:
+            self.optimizer_step()
+
+    @rule(deep=st.booleans())
+    @while_judged
+    def checkpoint(self, deep: bool) -> None:
+        """``state_dict()`` then torch's own ``load_state_dict`` of it, or ``copy.deepcopy``."""
+        if deep:
+            self.deepcopy()
+        else:
+            self.state_dict_round_trip()
+
+    def backward(self, create_graph: bool) -> None:
+        check = self.begin("backward")
+        kind = "create-graph" if create_graph else "plain"
+        prediction = self.model.forward(self.x, backward=kind)
+        outcome = attempt(lambda: run_backward(self.module, self.x, create_graph))
+        lines = ["error = None", *repro.guarded([
+            "with torch.enable_grad():", "    out = module(x.clone())",
+            "    if out.requires_grad:",
+            f"        out.float().sum().backward(create_graph={create_graph})"])]
+        self.after(check, Prediction(error=prediction.error), outcome, lines)
+
+    def build_optimizer(self) -> None:
+        indices = _trainable(self.model)
+        named = named_tensors(self.module)
+        params = [named[self.model.tensors[i].names[0]] for i in indices]
+        names = [self.model.tensors[i].names[0] for i in indices]
+        check = self.begin("build_optimizer")
+        outcome = attempt(lambda: torch.optim.SGD(params, lr=LR, foreach=False))
+        self.opt = outcome.result
+        if self.opt is not None:
+            self.model.build_optimizer(indices)
+        lines = [f"opt = torch.optim.SGD([named(module)[n] for n in {names!r}], lr={LR}, "
+                 "foreach=False)"]
+        self.after(check, Prediction(), outcome, lines)
+
+    def optimizer_step(self) -> None:
+        check = self.begin("optimizer_step")
+        prediction = self.model.optimizer_step()
+        outcome = attempt(self.opt.step)
+        lines = ["error = None", *repro.guarded(["opt.step()"])]
+        self.after(check, prediction, outcome, lines)
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        check = self.begin("zero_grad")
+        self.model.zero_grad(set_to_none)
+        outcome = attempt(lambda: self.module.zero_grad(set_to_none=set_to_none))
+        self.after(check, Prediction(), outcome,
+                   [f"module.zero_grad(set_to_none={set_to_none})"])
+
+    def register_hooks(self, data: st.DataObject) -> None:
+        candidates = _trainable(self.model)
+        index = data.draw(st.sampled_from(candidates), label="parameter")
+        name, key = self.model.tensors[index].names[0], f"h{len(self.model.hooks) // 2}"
+        check = self.begin("register_hooks")
+        param = named_tensors(self.module)[name]
+        outcome = attempt(lambda: count_hooks(param, key, self.fired))
+        self.model.add_hooks(index, key)
+        lines = [f"named(module)[{name!r}].register_hook(lambda g: fired.update([{key + ':hook'!r}]))",
+                 f"named(module)[{name!r}].register_post_accumulate_grad_hook("
+                 f"lambda p: fired.update([{key + ':post-accumulate'!r}]))"]
+        self.after(check, Prediction(), outcome, lines)
+
+    def state_dict_round_trip(self) -> None:
+        check = self.begin("state_dict_round_trip")
+        outcome = attempt(lambda: self.module.load_state_dict(self.module.state_dict()))
+        lines = ["error = None", *repro.guarded(["module.load_state_dict(module.state_dict())"])]
+        self.after(check, Prediction(), outcome, lines)
+
+    def deepcopy(self) -> None:
+        check = self.begin("deepcopy")
+        outcome = attempt(lambda: copy.deepcopy(self.module))
+        if outcome.error is None:  # torch refuses to deep-copy non-leaf tensors: no step then
+            self.module = outcome.result
+            self.model.deepcopied()
+        lines = ["try:", "    module = copy.deepcopy(module)", "except RuntimeError as e:",
+                 "    print('deepcopy refused:', e)"]
+        self.after(check, Prediction(), Outcome(), lines)
+
+    # ---- after each step -------------------------------------------------------------
+
+    def begin(self, step: str, **example: Any) -> StepCheck:
+        """The check of a step about to run: its declarations are matched now, on the module
+        before the step (a predicate describes the input, never the outcome).
+
+        Before the build and a step that may swap tensors (``COLLECTING_STEPS``) garbage is
+        collected: a reference cycle left earlier (an exception's traceback holding an autograd
+        graph) can keep a tensor's implementation referenced, and ``swap_tensors`` refuses such
+        a tensor, so without it the step's outcome would depend on when Python's collector last
+        ran. These collections scan only what the sequence made (see ``__init__``)."""
+        if step in COLLECTING_STEPS:
+            gc.collect()
+        return StepCheck(self.property_id, self.target,
+                         StepExample(self.module, step=step, **example))
+
+    def after(self, check: StepCheck, prediction: Prediction, outcome: Outcome,
+              lines: list[str], *, output: bool = False) -> None:
+        """Check the property's invariant after the step; resync where a declaration applies."""
+        step = check.example.step
+        event(f"rule: {step}")
+        self.steps.append(["before = named(module)", *lines])
+        self.check_outcome(check, prediction, outcome)
+        if self.property_id == STATE:
+            check_state(check, self.model, self.module, step)
+        elif self.property_id == FORWARD and output and prediction.error is None \
+                and outcome.error is None:
+            check.that(agrees(outcome, prediction), "output",
+                       "the call's output differs from the model's call on a fresh build",
+                       code=f"same(out, {repro.tensor_code(prediction.result)})")
+        elif self.property_id == HOOKS:
+            check_hooks(check, self.model, self.fired, self.target)
+        elif self.property_id == OPTIMIZER:
+            check_optimizer(check, self.model, self.module, self.opt)
+        check.that(global_state() == self.start, "global-state",
+                   f"step {step!r} changed global state (flags, default dtype, grad mode or RNG)",
+                   code="global_state() == start")
+        symptoms = copy.copy(check)
+        symptoms.violations = []
+        if self.property_id != STATE and check.declared:
+            check_state(symptoms, self.model, self.module, step)
+        resync = check.verdict(self.script, symptoms.violations)
+        self.judged = not check.shown
+        if not self.judged:  # the rest is not judged: nothing to keep the model in step with
+            return
+        if resync:
+            self.model.resync(self.module)
+        self.model.adopt(self.module)
+        if self.model.drop_stale_optimizer() or self.model.optimizer is None:
+            if self.opt is not None:
+                self.steps[-1].append("opt = None  # stale (a new object): a later step builds one")
+            self.opt = None
+        if self.property_id == FORWARD and self.judged:
+            self.forward_check()
+
+    def check_outcome(self, check: StepCheck, prediction: Prediction, outcome: Outcome) -> None:
+        """Clauses ``raised`` / ``no-error``: the step raised exactly where the model did."""
+        error = outcome.error
+        if prediction.error is None:
+            check.that(error is None, "raised",
+                       f"raised {type(error).__name__}: {error}" if error else "",
+                       code="error is None")
+        else:
+            check.that(isinstance(error, prediction.error), "no-error",
+                       f"the model raised {prediction.error.__name__}; the step gave "
+                       f"{type(error).__name__ if error else 'no error'}",
+                       code=f"isinstance(error, {prediction.error.__name__})")
+
+    def forward_check(self) -> None:
+        """SEQ-FORWARD: the module's forward equals a fresh build's with the model's values."""
+        check = self.begin("forward")
+        prediction = self.model.forward(self.x)
+        outcome = attempt(lambda: no_grad_forward(self.module, self.x))
+        want = (f"same(forward(module, x), {repro.tensor_code(prediction.result)})"
+                if prediction.error is None else "False  # the model's forward raised")
+        check.that(agrees(outcome, prediction), "stale-forward",
+                   f"forward {_shown(outcome)}, but a fresh build holding the model's values "
+                   f"{_shown(prediction)}", code=want)
+        resync = check.verdict(self.script)
+        self.judged = not check.shown
+        self.steps.append(["forward(module, x)  # the forward check"])
+        if resync:
+            self.model.resync(self.module)
+        self.model.adopt(self.module)
+
+    def script(self, violations: list[Violation]) -> str:
+        """The sequence so far as a standalone script ending in the violated clauses' asserts."""
+        *done, last = self.steps
+        asserts = [f"assert {v.code}, {v.message!r}" for v in violations]
+        return repro.script(self.target, self.build_lines, [*done, last], asserts)
+
+
+# ---- the invariants ------------------------------------------------------------------
+def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: str) -> None:
+    """SEQ-STATE: names, objects, ties, class, attributes, requires_grad, values and grads.
+
+    After a functional call (``CALL_STEPS``) the object and value clauses are ``not-restored``
+    (FC-RESTORE's). A slot left holding a batched tensor that escaped a vmapped function (on
+    which every use raises) breaks the object clause, and nothing more of it is read."""
+    named = named_tensors(module)
+    moved = "not-restored" if step in CALL_STEPS else "object-changed"
+    for state in model.tensors:
+        first = state.names[0]
+        if not check.that(all(n in named for n in state.names), "slot-missing",
+                          f"names {list(state.names)} are not all registered",
+                          code=f"all(n in named(module) for n in {list(state.names)!r})"):
+            continue
+        now = named[first]
+        if not check.that(not is_batchedtensor(now), moved,
+                          f"{first!r} holds a batched tensor escaped from vmap",
+                          code=f"not torch._C._functorch.is_batchedtensor(named(module)[{first!r}])"):
+            continue
+        kind = "parameter" if state.parameter else "buffer"
+        for other in state.names[1:]:
+            check.that(named[other] is now, f"{kind}-tie-split",
+                       f"tied {kind} names {first!r} and {other!r} hold two objects",
+                       code=f"named(module)[{first!r}] is named(module)[{other!r}]")
+        if state.obj is not None:
+            check.that(now is state.obj, moved, f"{first!r} holds another object, where the "
+                       "path promised the same one", code=f"named(module)[{first!r}] is before[{first!r}]")
+        code = f"named(module)[{first!r}]"
+        if state.parameter:
+            check.that(type(now) is state.cls, "class",
+                       f"{first!r} is a {type(now).__name__}, not a {state.cls.__name__}",
+                       code=f"type({code}).__name__ == {state.cls.__name__!r}")
+            check.that(all(getattr(now, a, None) == v for a, v in (state.attributes or {}).items()),
+                       "attributes", f"{first!r} lost its attributes {sorted(state.attributes or {})}",
+                       code=f"all(getattr({code}, a, None) == v for a, v in "
+                            f"{state.attributes!r}.items())")
+            check.that(now.requires_grad == state.requires_grad, "requires-grad",
+                       f"{first!r} requires_grad is {now.requires_grad}",
+                       code=f"{code}.requires_grad == {state.requires_grad}")
+        check.that(_matches(now, state.value, state.values_known),
+                   "not-restored" if step in CALL_STEPS else "value",
+                   f"{first!r} is {_describe(now)}, the model says {_describe(state.value)}",
+                   code=f"same({code}, {repro.tensor_code(state.value)})" if state.values_known
+                   else f"{code}.dtype == {state.value.dtype}")
+        if state.parameter and state.values_known:
+            _check_grad(check, state, now, code)
+
+
+def _check_grad(check: StepCheck, state: Any, now: Tensor, code: str) -> None:
+    grad = now.grad
+    if state.grad is None:
+        check.that(grad is None, "grad-value", f"{state.names[0]!r} has a grad the model does not",
+                   code=f"{code}.grad is None")
+        return
+    if check.that(grad is not None, "grad-lost", f"{state.names[0]!r} lost its grad",
+                  code=f"{code}.grad is not None"):
+        check.that(_matches(grad, state.grad, True), "grad-value",
+                   f"{state.names[0]!r}.grad is {_describe(grad)}, the model says "
+                   f"{_describe(state.grad)}", code=f"same({code}.grad, {repro.tensor_code(state.grad)})")
+
+
+def _matches(actual: Tensor, expected: Tensor, values: bool) -> bool:
+    return same_values(actual, expected) if values else same_metadata(actual, expected)
+
+
+def check_hooks(check: StepCheck, model: ModuleModel, fired: Counter, target: Any) -> None:
+    """SEQ-HOOKS: each hook fired as often as the model says. A hook a declared deviation may
+    have lost is not held to it; a difference there counts as that deviation."""
+    for hook in model.hooks:
+        if hook.checked:
+            check.that(fired[hook.key] == hook.fired, "hook-count",
+                       f"hook {hook.key!r} fired {fired[hook.key]} time(s), the model says "
+                       f"{hook.fired}", code=f"fired[{hook.key!r}] == {hook.fired}")
+        elif fired[hook.key] != hook.fired:
+            OBSERVED[(HOOKS, target.name, "hook-lost-declared")] += 1
+            hook.fired = fired[hook.key]
+
+
+def check_optimizer(check: StepCheck, model: ModuleModel, module: nn.Module,
+                    opt: torch.optim.Optimizer | None) -> None:
+    """SEQ-OPTIMIZER: every entry the model still holds is the module's parameter (a stale
+    entry and one whose tensor no name holds any more, ``UNNAMED``, are not held to it)."""
+    if opt is None or model.optimizer is None:
+        return
+    named = named_tensors(module)
+    held = opt.param_groups[0]["params"]
+    for position, index in enumerate(model.optimizer):
+        if index is None or index == UNNAMED:
+            continue
+        name = model.tensors[index].names[0]
+        check.that(held[position] is named.get(name), "optimizer-stale",
+                   f"the optimizer's entry {position} is not {name!r}, where the path promised "
+                   "identity", code=f"opt.param_groups[0]['params'][{position}] is named(module)[{name!r}]")
+
+
+# ---- helpers -------------------------------------------------------------------------
+def _trainable(model: ModuleModel | None) -> list[int]:
+    """Indices of the parameters that require grad (an optimizer's and a hook's choice)."""
+    return [] if model is None else [i for i, t in enumerate(model.tensors)
+                                     if t.parameter and t.requires_grad]
+
+
+def agrees(outcome: Outcome, prediction: Prediction) -> bool:
+    """Both raised the same exception type, or both returned equal tensors."""
+    if outcome.error is not None or prediction.error is not None:
+        return type(outcome.error) is prediction.error
+    return same_values(outcome.result.detach(), prediction.result)
+
+
+def load_value(value: Tensor, kind: str) -> Tensor:
+    """A load's value for a slot now holding ``value`` (see ``LOAD_KINDS``)."""
+    new = given_value(value)
+    return new.double() if kind == "float64" and new.is_floating_point() else new
+
+
+def shifted(value: Tensor, times: int) -> Tensor:
+    """``value`` through ``given_value`` ``times`` times (0: a copy of it)."""
+    out = value.detach().clone()
+    for _ in range(times):
+        out = given_value(out)
+    return out
+
+
+def own_copy(t: Tensor) -> Tensor:
+    """What untie puts in a slot: ``nn.Parameter(t.detach().clone(), requires_grad=...)`` for a
+    parameter, ``t.detach().clone()`` for a buffer."""
+    if isinstance(t, nn.Parameter):
+        return nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
+    return t.detach().clone()
+
+
+def slot_owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The submodule holding slot ``name``, and the slot's key in it."""
+    prefix, _, key = name.rpartition(".")
+    return module.get_submodule(prefix), key
+
+
+def given_value(value: Tensor) -> Tensor:
+    """A tensor of ``value``'s dtype and shape with other values (for calls and loads)."""
+    v = value.detach()
+    if v.device.type == "meta":
+        return torch.empty_like(v)
+    if v.dtype == torch.bool:
+        return ~v
+    return (v + (0.5 if v.is_floating_point() or v.is_complex() else 1)).clone()
+
+
+def vmapped_call(target: Any, module: nn.Module, stacked: dict[str, Tensor], x: Tensor) -> Tensor:
+    """``torch.func.vmap`` of ``target.functional_call(module, p, (x,), {})`` over the stacked
+    tensors' first dimension, ``x`` unbatched (a batching rule's fallback warning silenced)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
+        return torch.func.vmap(lambda p, inputs: target.functional_call(module, p, (inputs,), {}),
+                               in_dims=(0, None))(stacked, x.clone())
+
+
+def run_backward(module: nn.Module, x: Tensor, create_graph: bool) -> None:
+    with torch.enable_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # create_graph=True warns of a cycle
+        out = module(x.clone())
+        if out.requires_grad:
+            out.float().sum().backward(create_graph=create_graph)
+
+
+def no_grad_forward(module: nn.Module, x: Tensor) -> Tensor:
+    with torch.no_grad():
+        return module(x.clone())
+
+
+def count_hooks(param: Tensor, key: str, fired: Counter) -> None:
+    param.register_hook(lambda g: fired.update([f"{key}:hook"]))
+    param.register_post_accumulate_grad_hook(lambda p: fired.update([f"{key}:post-accumulate"]))
+
+
+def _describe(t: Any) -> str:
+    if isinstance(t, Tensor):
+        return f"{type(t).__name__}({t.dtype}, {t.device}, shape={tuple(t.shape)})"
+    return repr(t)
+
+
+def _shown(outcome: Any) -> str:
+    if outcome.error is not None:
+        error = outcome.error
+        return f"raised {error.__name__ if isinstance(error, type) else type(error).__name__}"
+    return f"returned {_describe(outcome.result)}"
+
+
+def sequence_settings() -> settings:
+    """The active profile's settings, scaled to sequences: ``STEPS`` steps per sequence and a
+    ``1/EXAMPLES_DIVISOR`` share of its examples (at least one); a failure prints its
+    ``@reproduce_failure`` blob whatever the profile."""
+    current = settings()
+    return settings(current, max_examples=max(1, current.max_examples // EXAMPLES_DIVISOR),
+                    stateful_step_count=STEPS, deadline=None, print_blob=True,
+                    suppress_health_check=[*current.suppress_health_check, HealthCheck.too_slow,
+                                           HealthCheck.data_too_large])
+
+
+def sequence_property(property_id: str) -> Callable:
+    """Mark a test as the check of one sequence property (as ``spec_property`` does for
+    ``@given`` tests; the relaxed settings are in ``sequence_settings``)."""
+    return pytest.mark.swapspec_property(property_id)
+
+
+def run_sequences(target: Any, property_id: str,
+                  machine: type[SequenceMachine] = SequenceMachine,
+                  settings_: settings | None = None) -> None:
+    """Run ``machine`` on ``target``, asserting ``property_id``'s invariant after every step
+    (``settings_``: instead of ``sequence_settings()``); inside ``replaying``, only the
+    sequence its blob encodes."""
+    factory = machine.for_target(target, property_id)
+    replay = REPLAY.get()
+    if replay is not None:
+        factory = reproduce_failure(*replay)(factory)
+    run_state_machine_as_test(factory, settings=settings_ or sequence_settings())
+
+
+def repro_of(error: BaseException) -> str:
+    """The standalone script in a failing sequence's ``ConformanceError``."""
+    marker = "Standalone repro (save it as a file and run it with python):\n\n"
+    return str(error).split(marker, 1)[1]
+
+
+def steps_in(script: str) -> int:
+    """How many steps after the build a repro script runs."""
+    return script.count("\n# step ") - 1

@@ -1,0 +1,634 @@
+"""Properties of ``functional_call``: one rule per test.
+
+Origin of the design: pytorch PR #92536 (swap tensors straight into ``_parameters`` /
+``_buffers``; ``tie_weights``; ``strict``), replacing class swapping (#92295) and
+``delattr``/``setattr`` tricks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from copy import deepcopy
+from functools import partial
+from typing import Any
+
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from swapspec.properties.harness.checker import Checker
+from swapspec.properties.harness.marking import spec_property
+from swapspec.properties.harness.plugged import with_modules
+from swapspec.properties.harness.repro import call_repro, keyword_code
+from swapspec.properties.harness.target_calls import call_target, target_call_inputs
+from swapspec.properties.models.apply_state import WORLD_CHANCE, is_uninitialized
+from swapspec.properties.models.call_state import (
+    copy_outcome,
+    fresh_kwargs,
+    identity_preserving_clones,
+    loaded_copy,
+    module_state,
+    replaced_originals,
+    watch_forward,
+)
+from swapspec.properties.models.examples import (
+    Example,
+    clone_value,
+    holds_values,
+    named_tensors,
+    same_values,
+    slots,
+)
+from swapspec.properties.models.oracle import (
+    ExpectedError,
+    expected_outcome,
+    expected_view,
+    merge_inputs,
+    owner_of,
+    slot_of,
+    tie_groups,
+)
+from swapspec.properties.models.outcomes import Outcome, attempt, same_output
+from swapspec.properties.rules.clauses import check_untouched
+from swapspec.strategies import (
+    CallInput,
+    ForwardError,
+    forward_inputs,
+    meta_built,
+    module_trees,
+    tree_info,
+)
+from swapspec.strategies.decorations import PARAMETRIZATIONS
+
+trees = with_modules(module_trees(world_chance=WORLD_CHANCE))
+# FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
+# Plain tensors only: a write-back is a rebind of a buffer's object, the same in every world.
+updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50,
+                              needs=("updating-leaf",))
+# FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
+# whose uninitialized parameters cannot be given), so few examples are filtered.
+# FC-GRADIENTS: a parameter that requires grad, so a valid call always has a leaf to reach
+trainable_trees = with_modules(module_trees(world_chance=WORLD_CHANCE, needs=("trainable",)))
+tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_chance=WORLD_CHANCE)
+
+
+def _draw(data, property_id: str, target, *, module_strategy=trees, **options):
+    """Draw a module and a call (``options`` go to ``call_inputs``: ``valid=True`` draws only
+    calls the spec accepts, so a property about valid calls filters none out)."""
+    module = data.draw(module_strategy, label="module")
+    call = data.draw(target_call_inputs(target, module, **options), label="call")
+    example = Example(module, call=call)
+    return module, call, example, Checker(property_id, target, example)
+
+
+def _expected(module, call, tensors=None) -> dict[str, Any] | ExpectedError:
+    return expected_outcome(module, call.tensors if tensors is None else tensors,
+                            tie_weights=call.tie_weights, strict=call.strict)
+
+
+def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome:
+    return attempt(lambda: call_target(
+        target, module, call.tensors if tensors is None else tensors,
+        call.args if args is None else args, call.kwargs if kwargs is None else kwargs,
+        tie_weights=call.tie_weights, strict=call.strict))
+
+
+def _call_watched(target, module, call, owners, **given) -> tuple[Any, Outcome]:
+    """Run the call (``given`` overrides as for ``_call``) with a pre-hook recording what
+    forward sees; the hook is always removed."""
+    view, handle = watch_forward(module, owners)
+    try:
+        return view, _call(target, module, call, **given)
+    finally:
+        handle.remove()
+
+
+def _verdict(check: Checker, example: Example, target) -> None:
+    check.verdict(partial(call_repro, example, target))
+
+
+def _raised_as_expected(check: Checker, outcome: Outcome, expected: ExpectedError,
+                        clause: str) -> None:
+    """Clause ``clause``: the call raised ``expected``, by type and the keys its message names
+    (by exact type and message for a target with ``exact_messages``)."""
+    error, exact = outcome.error, check.target.exact_messages
+    check.that(error is not None and expected.matches(error, exact=exact), clause,
+               f"want {expected.wanted(exact=exact)}; got "
+               + (f"{type(error).__name__}: {error}" if error else "no error"),
+               code=f"isinstance(out, {expected.type.__name__})")
+
+
+def _no_call_error(check: Checker, outcome: Outcome, module, filled, call) -> None:
+    """Clause ``raised``: a valid call raises only what forward raises on a loaded copy (of the
+    module as it was before the call: a target that did not restore it must not move the copy)."""
+    error = outcome.error
+    if error is None:
+        return
+    want = copy_outcome(module, filled, call, own=check.example.names_before).error
+    check.that(type(error) is type(want), "raised",
+               f"a valid call raised {type(error).__name__}: {error}")
+
+
+def _owners(module, names) -> dict[str, tuple]:
+    found = {n: owner_of(module, n) for n in names}
+    return {n: o for n, o in found.items() if not isinstance(o, ExpectedError)}
+
+
+@spec_property("FC-RESTORE")
+@given(data=st.data())
+def test_fc_restores_module(target, data):
+    """After the call, returned or raised, every slot holds its original object and no attribute remains.
+
+    Values of replaced originals are untouched. Half the examples raise inside forward (a
+    pre-hook raises ``ForwardError``), half draw bad input sometimes. Origin: PR #92536
+    restores in ``finally``; the old implementations leaked on exceptions.
+    """
+    raise_in_forward = data.draw(st.booleans(), label="raise in forward")
+    module, call, example, check = _draw(data, "FC-RESTORE", target,
+                                         invalid=data.draw(st.booleans(), label="invalid"))
+    before = module_state(module)
+    filled = _expected(module, call)
+    replaced = _replaced(module, filled)  # before forward writes back into the call's mapping
+    handle = module.register_forward_pre_hook(_raise_forward_error) if raise_in_forward else None
+    try:
+        _call(target, module, call)
+    finally:
+        if handle is not None:
+            handle.remove()
+    check_untouched(check, before, module, "not-restored", values_of=replaced,
+                    names=_filled_slot_names(module, filled))
+    _verdict(check, example, target)
+
+
+def _raise_forward_error(module, args):
+    raise ForwardError("raised by FC-RESTORE's pre-hook")
+
+
+def _filled_slot_names(module, filled) -> set[str] | None:
+    """Names of every slot a valid call fills (None for an invalid call: every slot).
+
+    Forward may rebind a slot it was not given (``self.count = self.count + 1``); that is
+    forward's own effect on the module, so restore is judged on the filled slots only.
+    """
+    if isinstance(filled, ExpectedError):
+        return None
+    reached = {slot_of(module, n) for n in filled}
+    return {n for n in slots(module) if slot_of(module, n) in reached}
+
+
+def _given_values(call) -> list[Any]:
+    merged = merge_inputs(call.tensors)
+    return [] if isinstance(merged, ExpectedError) else list(merged.values())
+
+
+def _replaced(module, filled) -> set[int] | None:
+    """Ids of the original tensors a valid call, filling ``filled`` (``_expected`` before the
+    call: forward's write-back rebinds the call's own mapping), takes out of forward's reach
+    (None: the call is invalid, and touches nothing). Forward may update what it can still reach
+    (BatchNorm running stats, an unfilled alias of a replaced tensor); see ``replaced_originals``."""
+    if isinstance(filled, ExpectedError):
+        return None
+    return replaced_originals(module, filled)
+
+
+@spec_property("FC-VISIBLE")
+@given(data=st.data())
+def test_fc_given_tensors_visible_in_forward(target, data):
+    """Inside forward, attribute access, ``named_*``, ``parameters()``, ``buffers()`` and
+    ``state_dict()`` all show the given objects.
+
+    Origin: pytorch #92295 (class swapping left ``parameters()`` showing the originals).
+    """
+    module, call, example, check = _draw(data, "FC-VISIBLE", target, valid=True)
+    filled = _expected(module, call)
+    assume(not isinstance(filled, ExpectedError))
+    given = merge_inputs(call.tensors)
+    registered = named_tensors(module)
+    view, outcome = _call_watched(target, module, call, _owners(module, given))
+    _no_call_error(check, outcome, module, filled, call)
+    if view.seen:
+        for name, value in given.items():
+            _check_visible(check, view, name, value, name in registered)
+    _verdict(check, example, target)
+
+
+def _check_visible(check: Checker, view, name: str, value: Any, registered: bool) -> None:
+    seen = view.attributes.get(name)
+    check.that(seen is value, "attribute", f"attribute access for {name!r} did not give the "
+               "given object", code=None)
+    if not registered:
+        return
+    if value is None:
+        check.that(name not in view.named, "named-tensors",
+                   f"{name!r} was given None but still listed by named_parameters/buffers")
+        return
+    check.that(view.named.get(name) is value, "named-tensors",
+               f"named_parameters/named_buffers showed another object for {name!r}")
+    ids = view.parameter_ids | view.buffer_ids
+    check.that(id(value) in ids, "parameters-buffers",
+               f"parameters()/buffers() did not include the object given for {name!r}")
+    if name in view.state_dict:
+        check.that(view.state_dict[name] is value, "state-dict",
+                   f"state_dict(keep_vars=True) showed another object for {name!r}")
+
+
+@spec_property("FC-ORACLE")
+@given(data=st.data())
+def test_fc_matchesloaded_copy(target, data):
+    """The output equals a copy of the module with the same tensors loaded into it.
+
+    An empty dict, or the module's own tensors, gives ``module(x)``. Origin: the
+    ``functional_call`` contract (torch.func docs).
+    """
+    module, call, example, check = _draw(data, "FC-ORACLE", target, valid=True)
+    filled = _expected(module, call)
+    assume(not isinstance(filled, ExpectedError))
+    copy, copy_kwargs = loaded_copy(module, filled, call)
+    want = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
+    got = _call(target, module, call)
+    check.that(same_output(got, want), "output",
+               f"output differs from the loaded copy's (got {_show(got)}, want {_show(want)})")
+    _verdict(check, example, target)
+
+
+def _show(outcome: Outcome) -> str:
+    """The outcome in a message: the error, a plain tensor's first values, or another tensor's
+    class and metadata (meta tensors hold no values; subclasses such as ``TwoTensor`` refuse
+    ``tolist``)."""
+    if outcome.error is not None:
+        return f"{type(outcome.error).__name__}: {outcome.error}"
+    r = outcome.result
+    if not isinstance(r, Tensor):
+        return repr(r)
+    if type(r) in (Tensor, nn.Parameter) and holds_values(r):
+        return f"tensor {r.detach().flatten()[:4].tolist()}..."
+    return f"{type(r).__name__}({r.dtype}, {r.device}, shape={tuple(r.shape)})"
+
+
+@spec_property("FC-TIES")
+@given(data=st.data())
+def test_fc_tie_rules(target, data):
+    """With ``tie_weights=True`` giving one alias fills every alias; conflicting aliases raise.
+
+    With ``tie_weights=False`` aliases are independent, except names that reach one slot of
+    a shared submodule, which always share it (and conflict if given different objects).
+    Origin: pytorch #86708 (ties ignored), PR #92536 (``tie_weights``).
+    """
+    module, call, example, check = _draw(data, "FC-TIES", target, valid=True,
+                                         conflicts=True, module_strategy=tied_trees)
+    groups = tie_groups(module)
+    assume(groups)
+    filled = _expected(module, call)
+    if isinstance(filled, ExpectedError):
+        assume(filled.rule in ("tie", "slot"))
+        before = module_state(module)
+        _raised_as_expected(check, _call(target, module, call), filled, f"{filled.rule}-conflict")
+        check_untouched(check, before, module, "touched-on-error")
+        return _verdict(check, example, target)
+    want = expected_view(module, filled)
+    view, outcome = _call_watched(target, module, call, {})
+    _no_call_error(check, outcome, module, filled, call)
+    if view.seen:
+        for name in groups:
+            check.that(view.named.get(name) is want[name] or (want[name] is None
+                                                              and name not in view.named),
+                       "alias-view", f"alias {name!r} did not show its expected object during forward")
+    return _verdict(check, example, target)
+
+
+@spec_property("FC-STRICT")
+@given(data=st.data())
+def test_fc_strict(target, data):
+    """``strict=True`` raises a RuntimeError naming every missing and unexpected key iff there
+    are any, before touching anything (torch's exact wording for targets with ``exact_messages``).
+
+    Origin: pytorch #92153 (strict mode), PR #92536.
+    """
+    module, call, example, check = _draw(data, "FC-STRICT", target, valid=True, strict=True)
+    expected = _expected(module, call)
+    assume(not isinstance(expected, ExpectedError) or expected.rule == "strict")
+    before = module_state(module)
+    outcome = _call(target, module, call)
+    if isinstance(expected, ExpectedError):
+        _raised_as_expected(check, outcome, expected, "strict-error")
+        check_untouched(check, before, module, "touched-on-error")
+    else:
+        _no_call_error(check, outcome, module, expected, call)
+    _verdict(check, example, target)
+
+
+@spec_property("FC-INPUT-FORMS")
+@given(data=st.data())
+def test_fc_input_forms(target, data):
+    """A dict, a one-element tuple and a disjoint split give the same result; an overlapping split raises.
+
+    Origin: ``torch.func.functional_call`` accepts a tuple of dicts (PR #92536).
+    """
+    module, call, example, check = _draw(data, "FC-INPUT-FORMS", target, valid=True)
+    merged = call.merged()
+    assume(not isinstance(_expected(module, call, merged), ExpectedError))
+    cut = data.draw(st.integers(0, len(merged)), label="split at")
+    items = list(merged.items())
+    forms = {"dict": dict(items), "tuple": (dict(items),),
+             "split": (dict(items[:cut]), dict(items[cut:]))}
+    info = tree_info(module)
+    outputs = {label: _call(target, info.build(), call, tensors=_clone_inputs(t), kwargs=fresh_kwargs(call))
+               for label, t in forms.items()}
+    for label, outcome in outputs.items():
+        check.that(same_output(outcome, outputs["dict"]), "form-differs",
+                   f"the {label} form gave {_show(outcome)}, the dict gave {_show(outputs['dict'])}")
+    if items:
+        overlap = (dict(items[:cut + 1]), dict(items[max(cut, 1) - 1:]))
+        expected = merge_inputs(overlap)
+        before = module_state(module)
+        view, outcome = _call_watched(target, module, call, {}, tensors=overlap,
+                                      kwargs=fresh_kwargs(call))
+        _raised_as_expected(check, outcome, expected, "overlap-accepted")
+        if outcome.error is not None and not view.seen:  # a call that ran is FC-RESTORE's
+            check_untouched(check, before, module, "touched-on-error")
+    check.verdict(partial(call_repro, example, target, calls=_forms_lines(target, call, cut),
+                          observe={"form outputs": "observed_forms"}))
+
+
+def _forms_lines(target, call, cut: int) -> list[str]:
+    """Repro lines for FC-INPUT-FORMS: each form on a fresh build, then the overlapping split
+    on the module (``out``)."""
+    run = f"args, dict(kwargs, report=[]) if 'report' in kwargs else kwargs{keyword_code(target, call)})"
+    return [
+        f"items, cut = list(entries(tensors).items()), {cut}",
+        "forms = {'dict': dict(items), 'tuple': (dict(items),),",
+        "         'split': (dict(items[:cut]), dict(items[cut:]))}",
+        "form_outputs = {}",
+        "for label, form in forms.items():  # each form on a fresh build, given fresh clones",
+        "    clones = {}",
+        "    form = tuple({k: clones.setdefault(id(v), v.detach().clone().requires_grad_(v.requires_grad)"
+        " if isinstance(v, torch.Tensor) else v) for k, v in d.items()} for d in (form if isinstance(form, tuple) else (form,)))",
+        "    form = form if isinstance(forms[label], tuple) else form[0]",
+        f"    form_outputs[label] = describe(outcome(lambda: target_functional_call(build_module(), form, {run}))",
+        "overlap = (dict(items[:cut + 1]), dict(items[max(cut, 1) - 1:]))  # names given twice",
+        f"out = outcome(lambda: target_functional_call(module, overlap, {run}) if items else None",
+        "if isinstance(out, Exception):",
+        "    print('raised', type(out).__name__, out)",
+        "observed_forms = {f'the {label} form gives': o for label, o in form_outputs.items()}",
+    ]
+
+
+def _clone_inputs(tensors):
+    dicts = [tensors] if isinstance(tensors, dict) else list(tensors)
+    clones = identity_preserving_clones(v for d in dicts for v in d.values())
+    copied = [{k: clones[id(v)] for k, v in d.items()} for d in dicts]
+    return copied[0] if isinstance(tensors, dict) else tuple(copied)
+
+
+@spec_property("FC-WRITE-BACK")
+@given(data=st.data())
+def test_fc_write_back(target, data):
+    """A slot rebound in forward is written into the caller's mapping; in-place updates land on the caller's tensor.
+
+    Origin: ``torch.func.functional_call`` docs (in-place updates are reflected in the
+    dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
+    """
+    module, call, example, check = _draw(data, "FC-WRITE-BACK", target, valid=True,
+                                         module_strategy=updating_trees, buffers="all")
+    if "tuple-disjoint" in target.call_forms and data.draw(st.booleans(), label="split"):
+        call = _split(call, data.draw(st.integers(0, len(call.merged())), label="split at"))
+        example = Example(module, call=call)
+        check = Checker("FC-WRITE-BACK", target, example)
+    filled = _expected(module, call)
+    assume(not isinstance(filled, ExpectedError))
+    given = merge_inputs(call.tensors)
+    buffers = {n for n, _ in module.named_buffers(remove_duplicate=False)}
+    keys = [n for n, v in given.items() if n in buffers and isinstance(v, Tensor)]
+    assume(keys)
+    copy, copy_kwargs = loaded_copy(module, filled, call)
+    loaded = {n: owner_of(copy, n) for n in keys}
+    loaded_objects = {n: getattr(o, k) for n, (o, k) in loaded.items()}
+    copy_out = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
+    outcome = _call(target, module, call)
+    same_outcome = check.that(type(outcome.error) is type(copy_out.error), "forward-outcome",
+                              f"forward outcome differs from the loaded copy's: {_show(outcome)}")
+    sources = _sources(call.tensors)
+    for name in keys if same_outcome else ():
+        owner, key = loaded[name]
+        now = getattr(owner, key)
+        caller = sources[name][name]
+        if now is loaded_objects[name]:
+            check.that(caller is given[name] and same_values(caller, now), "in-place-lost",
+                       f"the in-place update of {name!r} did not land on the caller's tensor",
+                       code=f"entries(tensors)[{name!r}] is given[{name!r}]")
+        else:
+            check.that(caller is not given[name] and same_values(caller, now), "rebind-lost",
+                       f"forward rebound {name!r} but the caller's mapping did not get the new object",
+                       code=f"entries(tensors)[{name!r}] is not given[{name!r}]")
+    _verdict(check, example, target)
+
+
+def _split(call, cut: int):
+    """The call with its tensors as two disjoint dicts, cut at ``cut``."""
+    items = list(call.merged().items())
+    return dataclasses.replace(call, tensors=(dict(items[:cut]), dict(items[cut:])),
+                               form="tuple-disjoint")
+
+
+def _sources(tensors) -> dict[str, dict]:
+    if isinstance(tensors, dict):
+        return dict.fromkeys(tensors, tensors)
+    return {k: d for d in tensors for k in d}
+
+
+@spec_property("FC-BAD-INPUT")
+@given(data=st.data())
+def test_fc_bad_input(target, data):
+    """Bad input gets torch's error type, with a message naming the keys involved, and the
+    module is unchanged (torch's exact wording for targets with ``exact_messages``).
+
+    Covers non-tensor values, unknown submodules, non-tensor attributes, empty names and
+    non-mapping input. Origin: ``NamedMemberAccessor`` (PR #92536).
+    """
+    module, call, example, check = _draw(data, "FC-BAD-INPUT", target, valid=True,
+                                         invalid=True, invalid_chance=100)
+    expected = _expected(module, call)
+    assume(isinstance(expected, ExpectedError) and expected.rule in ("form", "name"))
+    before = module_state(module)
+    _raised_as_expected(check, _call(target, module, call), expected, "wrong-error")
+    check_untouched(check, before, module, "touched-on-error")
+    _verdict(check, example, target)
+
+
+@spec_property("FC-GRADIENTS")
+@given(data=st.data())
+def test_fc_gradients_flow_to_given_tensors_only(target, data):
+    """Backward through the output reaches the given tensors and not the module's replaced parameters.
+
+    Every floating parameter value given is a fresh leaf that requires grad (one leaf per given
+    object, so aliases given one object still share one); a call that gives none gets one for
+    the first parameter it can take without a conflict. Origin: the purpose of
+    ``functional_call`` (``torch.func.grad`` over parameters).
+    """
+    module, call, example, check = _draw(data, "FC-GRADIENTS", target, valid=True,
+                                         failing=False, forward_safe=True,
+                                         module_strategy=trainable_trees)
+    params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    given = _with_grad_leaves(module, call, params)
+    tensors = given if isinstance(call.tensors, dict) else (given,)  # the form drawn
+    filled = _expected(module, call, tensors)
+    assume(not isinstance(filled, ExpectedError))  # a safety net: _with_grad_leaves keeps it valid
+    registered = named_tensors(module)
+    out_of_reach = replaced_originals(module, filled)
+    replaced = {n: registered[n] for n in filled
+                if n in registered and id(registered[n]) in out_of_reach}
+    grads_before = {n: p.grad for n, p in replaced.items()}
+    given_before = dict(given)  # the call may write back into ``given``
+    outcome = _call(target, module, call, tensors=tensors)
+    assume(outcome.error is None and isinstance(outcome.result, Tensor)
+           and outcome.result.requires_grad)
+    ran = attempt(lambda: outcome.result.real.float().sum().backward())
+    # A kernel missing for the world's tensors (sparse grads on meta: "aten::_coalesce" for
+    # SparseMeta) is not about where gradients flow.
+    assume(not isinstance(ran.error, NotImplementedError))
+    if ran.error is not None:
+        raise ran.error
+    for name, p in replaced.items():
+        check.that(p.grad is grads_before[name], "grad-to-original",
+                   f"backward reached the module's own {name!r}, which was replaced")
+    for name, v in given_before.items():
+        if name in params and isinstance(v, Tensor) and v.requires_grad:
+            check.that(v.grad is not None, "no-grad-to-given",
+                       f"backward did not reach the given tensor for {name!r}")
+    _verdict(check, example, target)
+
+
+def _with_grad_leaves(module, call, params: set[str]) -> dict[str, Any]:
+    """The call's tensors with each floating parameter value a leaf that requires grad, one leaf
+    per given object; if none is given, a leaf for the first parameter that can take one
+    without making the call invalid."""
+    leaves: dict[int, Any] = {}
+    given = {n: leaves.setdefault(id(v), _leaf(v)) if n in params else v
+             for n, v in call.merged().items()}
+    if any(n in params and isinstance(v, Tensor) and v.requires_grad for n, v in given.items()):
+        return given
+    registered = named_tensors(module)
+    for name in sorted(params - set(given)):
+        if is_uninitialized(registered[name]):
+            continue
+        leaf = _leaf(registered[name])
+        if leaf is registered[name]:  # not a floating CPU tensor (or uninitialized)
+            continue
+        extended = {**given, name: leaf}
+        if not isinstance(_expected(module, call, extended), ExpectedError):
+            return extended
+    return given
+
+
+def _leaf(value: Any) -> Any:
+    """A fresh leaf that requires grad, for a given floating or complex parameter value."""
+    if (isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex())
+            and value.device.type == "cpu"):
+        return value.detach().clone().requires_grad_()
+    return value
+
+
+parametrized_trees = module_trees(decoration_chance=100, decoration_kinds=PARAMETRIZATIONS,
+                                  behaviours=(), needs=("parametrizable",),
+                                  world_chance=WORLD_CHANCE)
+
+
+@spec_property("FC-PARAMETRIZED")
+@given(data=st.data())
+def test_fc_parametrized_names(target, data):
+    """On a parametrized module, a value given under the attribute's own name disables the
+    parametrization for the call (forward reads that very tensor); a value given under
+    ``<path>.parametrizations.<name>.original`` is the parametrization's input. Either way
+    the module is left as it was.
+
+    Origin: the notes of ``torch.func.functional_call``'s documentation, held to their word.
+    """
+    module = data.draw(parametrized_trees, label="module")
+    attributes = parametrized_attributes(module)
+    assume(attributes)
+    path, name = data.draw(st.sampled_from(attributes), label="attribute")
+    owner = module.get_submodule(path) if path else module
+    disable = data.draw(st.booleans(), label="under its own name")
+    key, value, expected = _parametrized_input(owner, path, name, disable, data)
+    (x,) = data.draw(forward_inputs(), label="x")
+    x = x.to("meta") if meta_built(module) else x
+    call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}))
+    example = Example(module, call=call)
+    check = Checker("FC-PARAMETRIZED", target, example)
+    if check.skips_declared_crash():
+        return
+    before = module_state(module)
+    seen: dict[str, Any] = {}
+    handle = owner.register_forward_pre_hook(  # the first read only: a shared module runs twice
+        lambda m, a: None if "value" in seen else seen.update(value=getattr(m, name)))
+    try:
+        outcome = _call(target, module, call)
+    finally:
+        handle.remove()
+    if check.that(outcome.error is None, "raised",
+                  f"functional_call raised {type(outcome.error).__name__}: {outcome.error}"):
+        got = seen.get("value")
+        if disable:
+            check.that(got is value, "not-disabled",
+                       f"forward read {name!r} of {path or '<root>'!r} as another tensor than "
+                       f"the one given under {key!r}: the parametrization was not disabled",
+                       code=f"seen['value'] is tensors[{key!r}]")
+        else:
+            check.that(got is not None and same_values(got.detach(), expected), "not-applied",
+                       f"forward read {name!r} as something other than the parametrization of "
+                       f"the tensor given under {key!r}")
+    originals = {id(t) for t in plist_tensors(owner, name)}
+    check_untouched(check, before, module, "not-restored", values_of=originals)
+    check.verdict(partial(call_repro, example, target, setup=[
+        "seen = {}",
+        f"owner = module.get_submodule({path!r}) if {path!r} else module",
+        "owner.register_forward_pre_hook(lambda m, a: None if 'value' in seen else "
+        f"seen.update(value=getattr(m, {name!r})))"]))
+
+
+def parametrized_attributes(module) -> list[tuple[str, str]]:
+    """``(module path, attribute)`` of every parametrized attribute, each module once."""
+    seen, out = set(), []
+    for path, m in module.named_modules():
+        if id(m) not in seen and parametrize.is_parametrized(m):
+            seen.add(id(m))
+            out += [(path, name) for name in m.parametrizations]
+    return out
+
+
+def plist_tensors(owner, name: str) -> list[Tensor]:
+    """The tensors a parametrized attribute is computed from (its ``original`` ones)."""
+    return list(owner.parametrizations[name]._parameters.values())
+
+
+def _parametrized_input(owner, path, name, disable, data):
+    """``(key, value, what forward should read)`` for one parametrized attribute."""
+    prefix = f"{path}." if path else ""
+    plist = owner.parametrizations[name]
+    if disable:
+        current = getattr(owner, name)
+        value = _fresh_like(current, data)
+        return f"{prefix}{name}", value, value
+    originals = [k for k in plist._parameters if k.startswith("original")]
+    key = data.draw(st.sampled_from(sorted(originals)), label="original")
+    value = _fresh_like(plist._parameters[key], data)
+    expected = _parametrization_of(plist, key, value)
+    return f"{prefix}parametrizations.{name}.{key}", value, expected
+
+
+def _fresh_like(t: Tensor, data) -> Tensor:
+    """New values of ``t``'s shape, dtype and device (on ``meta``: none), ``requires_grad`` as ``t``."""
+    seed = data.draw(st.integers(0, 2**16), label="value seed")
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.rand(t.shape, generator=gen, dtype=torch.float64) * 2 - 1
+    return values.to(t.dtype).to(t.device).requires_grad_(t.requires_grad)
+
+
+def _parametrization_of(plist, key: str, value: Tensor) -> Tensor:
+    """What the parametrization list reads with ``value`` as its ``key`` (computed on a copy)."""
+    copy = deepcopy(plist)
+    copy._parameters[key] = value
+    with torch.no_grad():
+        return copy().detach()
