@@ -43,6 +43,7 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
 def test_the_planted_reports_differ_where_the_bugs_were_planted(reports):
     a, b = (json.loads(p.read_text()) for p in reports)
     assert a["table"]["APPLY-TIES"]["planted-pair"]["status"] == "deviation"

@@ -11,7 +11,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.test_plugin import PLANTED, TIES, run_pytest
+
+pytestmark = pytest.mark.slow  # CI-only: each case runs pytest twice in subprocesses (see pyproject's markers)
 
 TARGET = f"{PLANTED}:tie_split"
 TEST = f"{TIES}[broken-tie-split]"

@@ -170,6 +170,7 @@ def extract_repro(output: str) -> str:
     return "\n".join(lines[start + 1:end]) + "\n"
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
 def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
     assert planted.returncode == 1, planted.output[-3000:]
     text = _failure_text(planted, "broken-tie-split")
@@ -184,6 +185,7 @@ def test_planted_bug_fails_the_run_with_broken_rule_and_repro(planted):
     compile(repro, "repro", "exec")  # nothing of Hypothesis' text is inside it
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
 def test_the_printed_blob_replays_the_failure_on_its_one_test(planted, tmp_path):
     """``--swapspec-reproduce`` with the ``@reproduce_failure`` line a failure printed replays that
     example in a fresh process; it wants exactly one property test and the line as printed."""
@@ -208,6 +210,7 @@ SEQUENCE = "properties/rules/test_sequences.py::test_sequence_state[broken-no-re
 BROKEN_RULE = re.compile(r"SEQ-STATE on target 'broken-no-restore', at step .*?\n\s*E\s*\n", re.S)
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
 def test_a_sequence_failure_prints_a_blob_that_replays_it(tmp_path):
     """A failing sequence prints its ``@reproduce_failure`` line even under a host profile that
     does not ask for blobs; ``--swapspec-reproduce`` with it replays that sequence in a fresh

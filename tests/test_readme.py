@@ -162,10 +162,8 @@ How a declaration is checked: [targets.md](targets.md), "Declaring deviations".
 
 
 def _catalogue_module():
-    try:
-        from swapspec.properties.harness import catalogue
-    except ImportError:  # LAYOUT-MOVE: drop fallback
-        from swapspec.properties import catalogue
+    from swapspec.properties.harness import catalogue
+
     return catalogue
 
 

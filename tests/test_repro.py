@@ -135,6 +135,7 @@ def repro_of(test: Any, target: Any, make_example: Any) -> str:
     return e.value.repro
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
 @pytest.mark.parametrize("case", list(CASES))
 def test_repro_fails_on_the_target_and_passes_on_the_reference(case, tmp_path):
     test, make_target, make_example, pythonpath = CASES[case]

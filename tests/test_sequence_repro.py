@@ -61,6 +61,7 @@ def _assert_fails_on_target_only(selector: str, script: str, tmp_path: Path) -> 
     assert on_reference.returncode == 0, on_reference.stderr[-2000:]
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
 def test_failing_sequence_prints_a_standalone_asserting_repro(tmp_path: Path) -> None:
     """Rule: the script ends in an assert that fails on the target and passes on the reference."""
     _, script = _repro_of_failing_sequence(ZOO)

@@ -91,6 +91,7 @@ def test_a_targets_modules_are_drawn_and_rebuilt():
     assert "leaf: host" in tree_info(module).features
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
 def test_without_a_target_only_the_builtins_are_drawn():
     from swapspec.properties.rules.test_apply import converted
 
