@@ -39,6 +39,7 @@ from swapspec.strategies.trees import (
     join,
     tree_info,
     tree_slots,
+    usable_wrappers,
     walk,
 )
 
@@ -714,7 +715,7 @@ def tree_specs(
     unknown = sorted(set(wrappers) - set(WRAPPERS))
     if unknown:
         raise ValueError(f"wrappers must come from {WRAPPERS}; unknown: {unknown}")
-    allowed = [w for w in WRAPPERS if w in wrappers]
+    allowed = [w for w in usable_wrappers() if w in wrappers]
     wrapper = draw(st.sampled_from(allowed)) if allowed and _chance(draw, wrapper_chance) else ""
     seed = draw(st.integers(0, 2**32 - 1))
     return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training,

@@ -30,6 +30,16 @@ REAL_KINDS = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embeddi
               "LazyLinear")
 TRAININGS = ("backward", "backward-create-graph")
 WRAPPERS = ("compiled", "data-parallel")
+
+
+def usable_wrappers() -> tuple[str, ...]:
+    """The wrappers that leave a tree where it is: ``nn.DataParallel`` moves its module to the
+    first accelerator when one is present (its own ``_get_available_device_type`` check), a
+    conversion of its own before any property runs, so it is drawn only where none is."""
+    from torch.nn.parallel.data_parallel import _get_available_device_type
+
+    accelerated = _get_available_device_type() not in (None, "mps")
+    return tuple(w for w in WRAPPERS if not (accelerated and w == "data-parallel"))
 WORLDS = ("meta", "fake", "two-tensor", "dtensor")
 BLOCK_NAMES = ("first", "second", "third")
 DTYPES: dict[str, torch.dtype] = {

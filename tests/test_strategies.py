@@ -493,3 +493,17 @@ def test_state_dicts_rejects_contradicting_options() -> None:
         state_dicts(module, outcome="succeeds")
     with pytest.raises(ValueError, match="outcome"):
         state_dicts(module, outcome="sometimes")
+
+
+def test_data_parallel_is_drawn_only_without_an_accelerator(monkeypatch) -> None:
+    """Rule: ``nn.DataParallel`` moves its module to the first accelerator at construction, so the
+    ``data-parallel`` wrapper is drawn only where torch's own check finds none."""
+    import importlib
+
+    from swapspec.strategies.trees import WRAPPERS, usable_wrappers
+
+    data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")
+    monkeypatch.setattr(data_parallel, "_get_available_device_type", lambda: None)
+    assert usable_wrappers() == WRAPPERS
+    monkeypatch.setattr(data_parallel, "_get_available_device_type", lambda: "cuda")
+    assert usable_wrappers() == ("compiled",)
