@@ -92,6 +92,9 @@ class Conversion:
     device: str = field(default="cpu", compare=False)
     lazy_safe: bool = field(default=False, compare=False)
     imports: str = ""
+    # The public method call (``strategies.method_calls.MethodCall``) this conversion is the
+    # per-tensor function of, or None: an ``_apply(fn)`` conversion.
+    call: Any = field(default=None, compare=False)
 
     def make_fn(self) -> Callable[[Tensor], Tensor]:
         """A fresh fn (its own call counter for ``raise_on``), evaluated from ``repro`` after
@@ -110,6 +113,12 @@ class Conversion:
     def tag(self) -> str:
         """The name without the ``k`` of ``raise_on`` (used for events and reach tables)."""
         return "raise_on" if self.raises_on is not None else self.name
+
+    @property
+    def recurse(self) -> bool:
+        """Whether the conversion reaches submodules: False only for a method call made with
+        ``recurse=False`` (``to_empty(device=..., recurse=False)``)."""
+        return self.call is None or self.call.recurse
 
 
 def _floating(method: str) -> Conversion:

@@ -173,8 +173,38 @@ def is_torch(target: Any) -> bool:
     return target.selector in TORCH_TARGETS
 
 
-def target_section(target: Any) -> list[str]:
-    """The lines that define ``target_apply`` and ``target_functional_call`` for ``target``."""
+TORCH_METHOD = [
+    "def target_method(module, name, overwrite, swap, /, *args, **kwargs):",
+    "    \"\"\"module.<name>(*args, **kwargs): nn.Module's own public method, under the flags.\"\"\"",
+    "    future = torch.__future__",
+    "    saved = (future.get_overwrite_module_params_on_conversion(),",
+    "             future.get_swap_module_params_on_conversion())",
+    "    future.set_overwrite_module_params_on_conversion(overwrite)",
+    "    future.set_swap_module_params_on_conversion(swap)",
+    "    try:",
+    "        return getattr(module, name)(*args, **kwargs)",
+    "    finally:",
+    "        future.set_overwrite_module_params_on_conversion(saved[0])",
+    "        future.set_swap_module_params_on_conversion(saved[1])",
+    "",
+]
+# A target without methods of its own gets the reference's built on its apply: the one case
+# where a repro of another target imports swapspec beyond the target itself.
+TARGET_METHOD = [
+    "def target_method(module, name, overwrite, swap, /, *args, **kwargs):",
+    "    \"\"\"The target's public method `name`, else the reference's built on its apply.\"\"\"",
+    "    method = getattr(getattr(target, 'methods', None), name, None)",
+    "    if method is None:",
+    "        from swapspec.reference.methods import Methods",
+    "        method = getattr(Methods(target.apply), name)",
+    "    return method(module, *args, overwrite=overwrite, swap=swap, **kwargs)",
+    "",
+]
+
+
+def target_section(target: Any, *, methods: bool = False) -> list[str]:
+    """The lines that define ``target_apply`` and ``target_functional_call`` for ``target``
+    (and ``target_method``, the public methods, with ``methods``)."""
     lines = [SECTION_START.format(name=target.selector)]
     if is_torch(target):
         fc = TORCH_TARGETS[target.selector]
@@ -192,6 +222,7 @@ def target_section(target: Any) -> list[str]:
             "        future.set_overwrite_module_params_on_conversion(saved[0])",
             "        future.set_swap_module_params_on_conversion(saved[1])",
             "",
+            *(TORCH_METHOD if methods else []),
             "def target_functional_call(module, tensors, args, kwargs, **keywords):",
             "    with warnings.catch_warnings():",
             "        warnings.simplefilter('ignore', FutureWarning)",
@@ -212,6 +243,7 @@ def target_section(target: Any) -> list[str]:
             "def target_apply(module, fn, overwrite, swap, recurse=True):",
             "    return target.apply(module, fn, overwrite=overwrite, swap=swap, recurse=recurse)",
             "",
+            *(TARGET_METHOD if methods else []),
             "def target_functional_call(module, tensors, args, kwargs, **keywords):",
             "    return target.functional_call(module, tensors, args, kwargs, **keywords)",
             "",
@@ -247,12 +279,10 @@ def apply_repro(example: Any, target: Any, violations: list[Violation], *,
     lines after the conversion (before the asserts); ``observe`` adds ``{label: expression}``
     to what is compared with the reference.
     """
-    flags = example.flags
     body = ["module = build_module()", *setup, "before = named(module)", "snap = snapshot(module)",
-            *example.conversion.source("fn").splitlines()[-1:], *_refused_lines(example),
+            *_conversion_lines(example),
             "try:",
-            f"    target_apply(module, fn, overwrite={flags.overwrite}, swap={flags.swap}, "
-            f"recurse={example.recurse})",
+            f"    {_convert_code(example)}",
             "    error = None",
             "except Exception as e:  # some rules are about failed calls",
             "    error = e",
@@ -260,6 +290,33 @@ def apply_repro(example: Any, target: Any, violations: list[Violation], *,
             "after = named(module)", *extra,
             "observed = {'error': describe(error), **state(module, snap)" + _observe(observe) + "}"]
     return _script(example.module, target, body, violations, verify)
+
+
+def _conversion_lines(example: Any) -> list[str]:
+    """``fn = ...`` for an ``_apply(fn)`` conversion (a method call builds its own), and the
+    weak reference of a refused tensor."""
+    call = getattr(example.conversion, "call", None)
+    fn = [] if call is not None else example.conversion.source("fn").splitlines()[-1:]
+    return [*fn, *_refused_lines(example)]
+
+
+def _convert_code(example: Any) -> str:
+    """The conversion as the example made it: ``target_apply(module, fn, ...)``, or the public
+    method call ``target_method(module, 'to', overwrite, swap, <its arguments>)``."""
+    flags = example.flags
+    call = getattr(example.conversion, "call", None)
+    if call is None:
+        return (f"target_apply(module, fn, overwrite={flags.overwrite}, swap={flags.swap}, "
+                f"recurse={example.recurse})")
+    return method_code(call, flags)
+
+
+def method_code(call: Any, flags: Any) -> str:
+    """``target_method(module, <method>, <overwrite>, <swap>, <arguments>)``: the public method
+    call on the target under test (for torch: ``module.<method>(<arguments>)`` under its flags)."""
+    arguments = f", {call.arguments}" if call.arguments else ""
+    return (f"target_method(module, {call.method!r}, {flags.overwrite}, {flags.swap}"
+            f"{arguments})")
 
 
 def _refused_lines(example: Any) -> list[str]:
@@ -318,6 +375,7 @@ def _script(module: Any, target: Any, body: list[str], violations: list[Violatio
             verify: bool) -> str:
     """Imports, definitions, ``build_module``, the target section, ``body``, then the asserts."""
     build = standalone.build_source(module)
+    methods = any("target_method(" in line for line in body)
     catalogue = "catalogue_leaf(" in "\n".join(build)
     head = [*standalone.IMPORTS, ""]
     if any("TwoTensor" in line for line in body):
@@ -331,14 +389,16 @@ def _script(module: Any, target: Any, body: list[str], violations: list[Violatio
     head += ["", "", *build, "", ""]
     tail = ["", *body]
     if not verify:
-        return "\n".join([*head, *target_section(target), *tail]) + "\n"
-    return "\n".join([*head, *target_section(target), *tail, *_asserts(head, tail, target, violations)]) + "\n"
+        return "\n".join([*head, *target_section(target, methods=methods), *tail]) + "\n"
+    return "\n".join([*head, *target_section(target, methods=methods), *tail,
+                      *_asserts(head, tail, target, violations, methods)]) + "\n"
 
 
-def _asserts(head: list[str], tail: list[str], target: Any, violations: list[Violation]) -> list[str]:
+def _asserts(head: list[str], tail: list[str], target: Any, violations: list[Violation],
+             methods: bool = False) -> list[str]:
     """Each broken rule as a comment, its code as an assert where that fails on the target and
     holds on the reference, then ``assert_same`` on the entries where the two differ."""
-    run = {who: _run_here([*head, *target_section(t), *tail])
+    run = {who: _run_here([*head, *target_section(t, methods=methods), *tail])
            for who, t in (("target", target), ("reference", _reference()))}
     lines = [""]
     failed = [f"{who}: {type(ns).__name__}: {ns}" for who, ns in run.items() if isinstance(ns, Exception)]
@@ -439,7 +499,9 @@ def retargeted(script: str, target: Any) -> str:
     lines = script.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(SECTION_START.split("{")[0]))
     end = lines.index(SECTION_END)
-    return "\n".join([*lines[:start], *target_section(target), *lines[end + 1:]]) + "\n"
+    methods = any(line.startswith("def target_method(") for line in lines[start:end])
+    return "\n".join([*lines[:start], *target_section(target, methods=methods),
+                      *lines[end + 1:]]) + "\n"
 
 def load_repro(example: Any, target: Any, violations: list[Violation], *, verify: bool = True) -> str:
     """A script that loads the example's state dict into its module on ``target`` and shows the

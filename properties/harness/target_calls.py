@@ -21,6 +21,27 @@ def run_apply(target: Any, example: Example, fn: Callable) -> Outcome:
                                         swap=flags.swap, recurse=example.recurse))
 
 
+def run_converted(target: Any, example: Example) -> Outcome:
+    """The example's conversion on ``target``: the public method call it stands for
+    (``conversion.call``: ``module.half()``, ``module.to(...)``), else ``apply`` with a fresh
+    ``fn``."""
+    call = getattr(example.conversion, "call", None)
+    if call is None:
+        return run_apply(target, example, example.conversion.make_fn())
+    return run_method(target, example, call)
+
+
+def run_method(target: Any, example: Example, call: Any) -> Outcome:
+    """``target.method(call.method)(module, *args, overwrite=..., swap=..., **kwargs)``: the
+    target's own public method (torch: ``module.to(...)``), or the reference's built on its
+    ``apply``."""
+    method = target.method(call.method)
+    args, kwargs = call.args()
+    flags = example.flags
+    return attempt(lambda: method(example.module, *args, overwrite=flags.overwrite,
+                                  swap=flags.swap, **kwargs))
+
+
 # ---- functional_call ---------------------------------------------------------------------
 KEYWORD_DEFAULTS = {"tie_weights": True, "strict": False}
 

@@ -21,10 +21,20 @@ and optionally the data the suite reads next to it:
   tensor subclass, its device move), drawn alongside the built-in conversions;
 - ``modules``: a Hypothesis strategy of ``swapspec.strategies.HostModule`` (its own
   ``nn.Module`` s), drawn alongside the built-in module trees;
+- ``methods``: ``nn.Module``'s public methods (``to``, ``to_empty``, ``half``, ``float``,
+  ``double``, ``bfloat16``, ``type``, ``cpu``, ``share_memory``, ``requires_grad_``,
+  ``zero_grad``), an object with any of them as attributes, each called
+  ``method(module, *torch_args, overwrite=..., swap=..., **torch_kwargs)``. Without it (or for
+  a name it lacks), a target with ``apply`` gets them built on its ``apply`` as the reference
+  builds its own (``swapspec.reference.methods.Methods``); ``Target.method(name)`` gives the one
+  to call;
 - ``exact_messages``: True to be held to torch's exact error type and wording (the built-in
   targets are). Otherwise an error is checked by type, by the keys its message names and by the
   module being left untouched (``properties.models.oracle.ExpectedError``), so a host need not copy
   torch's sentences.
+- ``coverage_modules``: the modules (importable names; a package stands for every file in it)
+  whose functions ``--swapspec-coverage`` measures; default: the module the target is loaded
+  from.
 
 What a target implements (``Target.has``): each of ``FEATURES``. A callable feature
 (``apply``, ``functional_call``, ``load_state_dict``) is there when the object has it (not
@@ -92,9 +102,14 @@ class Target:
     conversions: Any = None  # a strategy of Conversion, or None
     modules: Any = None  # a strategy of HostModule, or None
     exact_messages: bool = False
+    methods: Any = None  # nn.Module's public methods; see the module docstring
+    coverage_modules: tuple[str, ...] = ()  # --swapspec-coverage's scope; () = its own module
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lacks", frozenset(self.lacks))
+        modules = self.coverage_modules
+        object.__setattr__(self, "coverage_modules",
+                           (modules,) if isinstance(modules, str) else tuple(modules))
         unknown = sorted(self.lacks - set(FEATURES))
         if unknown:
             raise TargetError(f"target {self.name!r} lacks unknown feature(s) {', '.join(unknown)}"
@@ -114,6 +129,14 @@ class Target:
         if feature in KEYWORD_FEATURES:
             return self.has(KEYWORD_FEATURES[feature])
         return getattr(self, feature, None) is not None
+
+    def method(self, name: str) -> Callable[..., Any] | None:
+        """The public method ``name`` (``"to"``, ``"half"``...): the target's own, else the
+        reference's built on the target's ``apply``; None with neither."""
+        own = getattr(self.methods, name, None)
+        if own is not None:
+            return own
+        return None if self.apply is None else getattr(reference.Methods(self.apply), name)
 
     def missing(self, needed: Iterable[str]) -> list[str]:
         """The features of ``needed`` the target does not implement, in order."""
@@ -157,6 +180,33 @@ def torch_apply(
         future.set_swap_module_params_on_conversion(saved[1])
 
 
+class TorchMethods:
+    """torch's own public methods: ``module.<name>(*args, **kwargs)`` under
+    ``torch.__future__``'s flags, set for the call and restored in ``finally``."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in reference.methods.METHODS:
+            raise AttributeError(name)
+
+        def call(module: nn.Module, *args: Any, overwrite: bool, swap: bool, **kwargs: Any) -> Any:
+            future = torch.__future__
+            saved = (future.get_overwrite_module_params_on_conversion(),
+                     future.get_swap_module_params_on_conversion())
+            try:
+                future.set_overwrite_module_params_on_conversion(overwrite)
+                future.set_swap_module_params_on_conversion(swap)
+                return getattr(module, name)(*args, **kwargs)
+            finally:
+                future.set_overwrite_module_params_on_conversion(saved[0])
+                future.set_swap_module_params_on_conversion(saved[1])
+
+        call.__name__ = name
+        return call
+
+
+TORCH_METHODS = TorchMethods()
+
+
 def torch_load_state_dict(module: nn.Module, state_dict, *, strict: bool = True,
                           assign: bool = False, swap: bool) -> Any:
     """``module.load_state_dict(state_dict, strict, assign)`` with ``torch.__future__``'s swap
@@ -192,20 +242,21 @@ def builtin_target(name: str) -> Target:
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
                       deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + LOAD_DEVIATIONS,
-                      load_state_dict=torch_load_state_dict, exact_messages=True)
+                      load_state_dict=torch_load_state_dict, exact_messages=True,
+                      methods=TORCH_METHODS)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
                       deviations=(TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS
                                   + LOAD_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
-                      exact_messages=True)
+                      exact_messages=True, methods=TORCH_METHODS)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 
 
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",
-                 "exact_messages")
+                 "exact_messages", "methods", "coverage_modules")
 
 
 def from_object(obj: Any) -> Target:

@@ -10,6 +10,11 @@ and methods are a stable API; a predicate reads nothing else:
 - ``conversion``: the ``swapspec.strategies.Conversion`` of an apply property, else None:
   ``name`` (``"double()"``, or a host's own name), ``repro`` (its source), ``preserves_values``,
   ``changes_impl`` (meta, sparse, XLA results), ``raises_on`` (the k of ``raise_on(k)``), ``device``;
+  ``call``: the public method call it stands for (``strategies.method_calls.MethodCall``:
+  ``method``, ``arguments``, ``kind``), or None for an ``_apply(fn)`` conversion;
+- ``method``: the ``MethodCall`` of a method property (``APPLY-METHOD-*``), else None: ``method``
+  (``"to"``, ``"requires_grad_"``...), ``arguments`` (their source), ``kind`` (``"conversion"``,
+  ``"grad"``, ``"bad"``), ``error`` (the error type a bad form must raise);
 - ``flags``: ``swapspec.strategies.FlagSetting(overwrite, swap)`` of an apply property, else None;
 - ``call``: the ``swapspec.strategies.CallInput`` of a functional-call property, else None:
   ``tensors`` (as passed: a dict or a tuple of dicts), ``args``, ``kwargs``, ``tie_weights``,
@@ -92,6 +97,7 @@ class Example:
     refused: str | None = None  # a parameter (``"a.weight"``) or grad (``"a.weight.grad"``) held by a weakref
     earlier: tuple[Any, ...] = ()  # conversions applied (same flags) before ``conversion``
     load: Any = None  # a ``strategies.state_dicts.LoadInput`` for the LOAD- properties
+    method: Any = None  # a ``strategies.method_calls.MethodCall`` for the APPLY-METHOD- properties
     facts: frozenset[str] = field(default=frozenset(), init=False)
     names_before: dict[str, Tensor] = field(default_factory=dict, init=False)
     tensors_before: Any = field(default=None, init=False)  # the call's mappings, before write-back

@@ -19,7 +19,7 @@ from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.plugged import with_converted, with_modules
 from swapspec.properties.harness.repro import apply_repro
-from swapspec.properties.harness.target_calls import run_apply
+from swapspec.properties.harness.target_calls import run_apply, run_converted
 from swapspec.properties.models.apply_state import (
     WORLD_CHANCE,
     conversion_named,
@@ -42,26 +42,49 @@ from swapspec.properties.models.examples import (
 from swapspec.properties.rules.clauses import check_path, no_error
 from swapspec.strategies import FlagSetting, flag_settings, module_trees, value_changing_conversions
 from swapspec.strategies.conversions import modules_with_conversions, raising_conversion
+from swapspec.strategies.method_calls import METHOD_CONVERSIONS, modules_with_method_conversions
 from swapspec.strategies.trees import WRAPPERS
 
 # Each property draws the trees it needs by construction (see module_trees' ``needs``), and a
 # conversion that runs on the drawn tree (modules_with_conversions), so few examples are filtered.
 # A target's own modules and conversions too, where a one-leaf tree is as good an example as any;
 # the properties that need ties, grads, None slots, children or a refused swap draw built-in trees.
+#
+# Each property that judges a conversion's effect draws it in either form, one chance in two
+# (``either_form``): ``_apply(fn)`` with a modelled fn (what a host's own conversion needs), or
+# the public method call users make (``module.to(torch.float64)``, ``module.half()``,
+# ``module.to_empty(device='meta')``...), judged by the per-tensor function torch's method
+# applies (``strategies.method_calls``). APPLY-FN-ONCE, APPLY-ATOMIC and APPLY-REFUSED-SWAP
+# need their own fn, so they call ``_apply(fn)`` only.
+
+
+def either_form(modules, **options):
+    """``(module, conversion)``: ``modules_with_conversions`` or, one chance in two,
+    ``modules_with_method_conversions`` (a conversion whose ``call`` is the public method call);
+    shrinks towards the ``_apply(fn)`` form."""
+    return st.one_of(modules_with_conversions(modules, **options),
+                     modules_with_method_conversions(modules, **options))
+
+
 trees = with_modules(module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE))  # functional_call refuses DataParallel
 converted = with_converted(modules_with_conversions(trees))
-converted_with_grads = modules_with_conversions(module_trees(wrappers=WRAPPERS, needs=("grad",)))
-converted_with_none_slots = modules_with_conversions(module_trees(
+converted_either = with_converted(either_form(trees))
+converted_with_grads = either_form(module_trees(wrappers=WRAPPERS, needs=("grad",)))
+converted_with_none_slots = either_form(module_trees(
     wrappers=WRAPPERS, needs=("none-slot",), world_chance=WORLD_CHANCE))
-converted_with_ties = modules_with_conversions(module_trees(
+converted_with_ties = either_form(module_trees(
     wrappers=WRAPPERS, tie_chance=100, needs=("alias",), world_chance=WORLD_CHANCE))
-converted_containers = modules_with_conversions(module_trees(
-    wrappers=WRAPPERS, needs=("container-root",), world_chance=WORLD_CHANCE))
-converted_across_impls = modules_with_conversions(trees, where=lambda c: c.changes_impl)
+container_trees = module_trees(wrappers=WRAPPERS, needs=("container-root",),
+                               world_chance=WORLD_CHANCE)
+converted_containers = st.one_of(
+    modules_with_conversions(container_trees),
+    modules_with_method_conversions(container_trees, recurse=False))
+converted_across_impls = either_form(trees, where=lambda c: c.changes_impl)
 
 
 def _setup(target, property_id, module, conversion, flags, recurse=True, fn_may_raise=False):
     """The example, its snapshot and a checker; ``fn`` must not raise unless allowed."""
+    recurse = recurse and conversion.recurse  # to_empty(..., recurse=False) as a method call
     example = Example(module, conversion=conversion, flags=flags, recurse=recurse)
     snap = snapshot_for_apply(module, conversion.make_fn, recurse, flags)
     assume(fn_may_raise or snap.expected_error is None)
@@ -75,7 +98,7 @@ def _verdict(check: Checker, example: Example, target) -> None:
 
 
 @spec_property("APPLY-PATH")
-@given(case=converted, flags=flag_settings())
+@given(case=converted_either, flags=flag_settings())
 def test_apply_path(target, case, flags):
     """Each parameter takes the path its flags and TensorImpl compatibility choose.
 
@@ -85,7 +108,7 @@ def test_apply_path(target, case, flags):
     module, conversion = case
     example, check, snap = _setup(target, "APPLY-PATH", module, conversion, flags)
     assume(snap.expected_error is None)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         for name, before in snap.names.items():
@@ -107,7 +130,7 @@ def test_apply_never_set_data_across_impl(target, case, flags):
     example, check, snap = _setup(target, "APPLY-NO-SET-DATA-ACROSS-IMPL", module, conversion,
                                   flags)
     assume(snap.expected_error is None)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, f"apply({conversion.name})"):
         after = named_tensors(module)
         for name, before in snap.names.items():
@@ -120,7 +143,7 @@ def test_apply_never_set_data_across_impl(target, case, flags):
 
 
 @spec_property("APPLY-VALUES")
-@given(case=converted, flags=flag_settings())
+@given(case=converted_either, flags=flag_settings())
 def test_apply_values(target, case, flags):
     """Every parameter and buffer ends with ``fn``'s result: dtype, device, layout and values.
 
@@ -130,7 +153,7 @@ def test_apply_values(target, case, flags):
     module, conversion = case
     example, check, snap = _setup(target, "APPLY-VALUES", module, conversion, flags)
     assume(snap.expected_error is None)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         for name, before in snap.names.items():
@@ -148,7 +171,7 @@ def _describe(t) -> str:
 
 
 @spec_property("APPLY-PARAMETER-IDENTITY")
-@given(case=converted, flags=flag_settings())
+@given(case=converted_either, flags=flag_settings())
 def test_apply_keeps_parameter_class_and_attributes(target, case, flags):
     """Every parameter keeps its class, instance attributes and ``requires_grad`` on every path.
 
@@ -158,7 +181,7 @@ def test_apply_keeps_parameter_class_and_attributes(target, case, flags):
     module, conversion = case
     example, check, snap = _setup(target, "APPLY-PARAMETER-IDENTITY", module, conversion, flags)
     assume(snap.expected_error is None)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         for name, before in snap.names.items():
@@ -194,7 +217,7 @@ def test_apply_converts_grads(target, case, flags):
     example, check, snap = _setup(target, "APPLY-GRADS", module, conversion, flags)
     assume(snap.expected_error is None)
     assume(any(g is not None for g in snap.grads.values()))
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         for name, before in snap.names.items():
@@ -249,7 +272,7 @@ def test_apply_keeps_none_slots(target, case, flags):
     assume(snap.expected_error is None)
     none_slots = [name for name, v in snap.slots.items() if v is None]
     assume(none_slots)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         now = slots(module)
         for name in none_slots:
@@ -271,7 +294,7 @@ def test_apply_keeps_ties(target, case, flags):
     assume(snap.expected_error is None)
     groups = alias_groups(module)
     assume(groups)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         for names in groups:
@@ -331,7 +354,7 @@ def test_apply_recurse_false_touches_own_tensors_only(target, case, flags):
     others = {n: t for n, t in snap.names.items() if id(t) not in own}
     assume(others)
     values = {n: t.detach().clone() for n, t in others.items() if not is_uninitialized(t)}
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         for name, before in others.items():
@@ -479,21 +502,26 @@ def _swapped_tensors(snap, flags) -> dict[str, object]:
 
 
 @spec_property("APPLY-ROUND-TRIP")
-@given(module=trees, flags=flag_settings())
-def test_apply_double_then_float_restores_values(target, module, flags):
+@given(module=trees, flags=flag_settings(), public=st.booleans())
+def test_apply_double_then_float_restores_values(target, module, flags, public):
     """``double()`` then ``float()`` gives back every float32 tensor's values exactly.
 
-    Origin: the ``nn.Module.double``/``float`` contract; float64 holds every float32.
+    Drawn as ``_apply(fn)`` with the modelled fns, or as the public calls ``module.double()``
+    then ``module.float()``. Origin: the ``nn.Module.double``/``float`` contract; float64 holds
+    every float32.
     """
-    there, back = conversion_named("double()"), conversion_named("float()")
+    names = ("module.double()", "module.float()") if public else ("double()", "float()")
+    there, back = (_method_conversion(n) if public else conversion_named(n) for n in names)
     assume(not (flags.swap and refused_by_swap(module)))  # APPLY-REFUSED-SWAP's business
     example = Example(module, conversion=there, flags=flags)
     check = Checker("APPLY-ROUND-TRIP", target, example)
     before = {n: t.detach().clone() for n, t in named_tensors(module).items()
               if not is_uninitialized(t)}
-    outcome = run_apply(target, example, there.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "double()"):
-        outcome = run_apply(target, example, back.make_fn())
+        example.conversion = back
+        outcome = run_converted(target, example)
+        example.conversion = there
     if no_error(check, outcome, "float()"):
         after = named_tensors(module)
         for name, value in before.items():
@@ -502,3 +530,8 @@ def test_apply_double_then_float_restores_values(target, module, flags):
                        f"{name!r} changed over double() then float()")
     _verdict(check, example, target)
 
+
+
+def _method_conversion(name: str):
+    """The public method call ``name`` (``"module.double()"``) as its implied conversion."""
+    return next(c for c in METHOD_CONVERSIONS if c.name == name)

@@ -18,7 +18,7 @@ from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.plugged import with_conversions
 from swapspec.properties.harness.repro import apply_repro
-from swapspec.properties.harness.target_calls import run_apply
+from swapspec.properties.harness.target_calls import run_converted
 from swapspec.properties.models.apply_state import (
     WORLD_CHANCE,
     distinct,
@@ -38,21 +38,36 @@ from swapspec.strategies import (
     module_trees,
 )
 from swapspec.strategies.conversions import CONVERSIONS
+from swapspec.strategies.method_calls import METHOD_CONVERSIONS, method_conversions
 from swapspec.strategies.trees import WRAPPERS
 
 trees = module_trees(lazy=False, wrappers=WRAPPERS, world_chance=WORLD_CHANCE)
 trainable_trees = module_trees(lazy=False, wrappers=WRAPPERS, world_chance=WORLD_CHANCE,
                                needs=("trainable",))
-cpu_conversions = with_conversions(conversions(devices=(), raising=False))
+# The conversion under test is drawn as ``_apply(fn)`` or, one chance in two, as the public
+# method call (``module.half()``...; no ``share_memory()``, which kills the interpreter on the
+# TwoTensor world's parameters).
+cpu_conversions = with_conversions(st.one_of(
+    conversions(devices=(), raising=False),
+    method_conversions(devices=(), where=lambda c: c.call.method != "share_memory")))
 # Conversions after which backward() still runs on CPU: dense, real floating results.
 BACKWARD_SAFE = ("float()", "double()", "half()", "bfloat16()", "to(torch.float64)", "cpu()",
                  "share_memory()", "add(1)", "to_empty(device='cpu')",
                  "to(memory_format=torch.channels_last)")
-backward_conversions = st.sampled_from([c for c in CONVERSIONS if c.name in BACKWARD_SAFE])
+BACKWARD_SAFE_METHODS = ("module.float()", "module.double()", "module.half()",
+                         "module.bfloat16()", "module.to(torch.float64)", "module.cpu()",
+                         "module.to(dtype=torch.float16)", "module.to('cpu', torch.float64, True)",
+                         "module.to(torch.empty(0, dtype=torch.float64))",
+                         "module.to_empty(device='cpu')",
+                         "module.to(memory_format=torch.channels_last)")
+backward_apply_conversions = st.sampled_from([c for c in CONVERSIONS if c.name in BACKWARD_SAFE])
+backward_conversions = st.one_of(
+    backward_apply_conversions,
+    st.sampled_from([c for c in METHOD_CONVERSIONS if c.name in BACKWARD_SAFE_METHODS]))
 OPTIMIZERS = ("SGD", "Adam")
 # Conversions the module went through before the one under test (a module's life converts it
-# more than once: to(device), then half() for inference...).
-earlier_conversions = st.lists(backward_conversions, max_size=2)
+# more than once: to(device), then half() for inference...), as ``_apply(fn)``.
+earlier_conversions = st.lists(backward_apply_conversions, max_size=2)
 
 
 def _apply_earlier(target, module, flags, earlier) -> None:
@@ -102,7 +117,7 @@ def test_apply_module_still_works(target, module, earlier, conversion, flags, in
     """
     _apply_earlier(target, module, flags, earlier)
     example, check, _ = _setup(target, "APPLY-FORWARD", module, conversion, flags, earlier)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         fresh = fresh_copy_holding(module)
         (x,) = inputs
@@ -160,7 +175,7 @@ def test_apply_keeps_tensor_hooks(target, module, earlier, conversion, flags, in
         _count_hooks(p, fired, f"before:{names_of[id(p)][0]}")
     _apply_earlier(target, module, flags, earlier)
     example, check, _ = _setup(target, "APPLY-TENSOR-HOOKS", module, conversion, flags, earlier)
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         for p in params:
@@ -257,7 +272,7 @@ def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, opt
     assume(attempt(opt.step).error is None)  # Adam refuses sparse grads
     example, check, snap = _setup(target, "APPLY-OPTIMIZER", module, conversion, flags)
     names_of = {id(p): next(n for n, t in snap.names.items() if t is p) for p in params}
-    outcome = run_apply(target, example, conversion.make_fn())
+    outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         held = opt.param_groups[0]["params"]
