@@ -232,3 +232,15 @@ def method_calls(kinds: Sequence[str] = ("conversion", "grad", "bad")
     pool = {"conversion": [c.call for c in METHOD_CONVERSIONS], "grad": list(GRAD_CALLS),
             "bad": list(BAD_CALLS)}
     return _reported(st.sampled_from([call for kind in kinds for call in pool[kind]]))
+
+
+@st.composite
+def modules_with_method_calls(draw: Any, modules: st.SearchStrategy[Any],
+                              kinds: Sequence[str] = ("conversion", "grad", "bad")
+                              ) -> tuple[Any, MethodCall]:
+    """Draw ``(module, call)``: a module, then a :class:`MethodCall` of ``kinds``, its
+    conversion forms among those usable on the module (``usable_on``)."""
+    module = draw(modules)
+    pool = {"conversion": [c.call for c in usable_on(module, _plain(None, None))],
+            "grad": list(GRAD_CALLS), "bad": list(BAD_CALLS)}
+    return module, draw(_reported(st.sampled_from([c for k in kinds for c in pool[k]])))

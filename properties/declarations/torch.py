@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from swapspec.properties.declarations.torch_apply import (
+             bad_argument_unchecked,
              commits_before_raising,
              converts_before_refused_swap,
              converts_some_tensor_twice,
@@ -116,6 +117,15 @@ SEQUENCE_IDS = ("SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER")
 
 
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        "APPLY-METHOD-ARGS", bad_argument_unchecked, "bad-form-accepted", reason=
+        "nn.Module.requires_grad_ checks its argument only in p.requires_grad_ (per parameter), "
+        "nn.Module.type and to_empty theirs only in the fn they pass to _apply (per tensor): on a "
+        "module without any, a bad argument raises nothing and the method returns the module "
+        "(with one parameter: TypeError, ValueError, TypeError). Checked on torch 2.13.0 only. "
+        "Repro: m = nn.Module(); m.requires_grad_('yes'); m.type('torch.NoSuchTensor'); "
+        "m.type(1); m.to_empty(device=1.5)  # no error; "
+        "nn.Linear(2, 2).requires_grad_('yes')  # TypeError"),
     Deviation(
         SEQUENCE_IDS, swaps_a_grad, "raised", always=False, reason=
         "Found by sequences only, and only sometimes (seen in CI runs of all targets under "

@@ -447,3 +447,25 @@ def swaps_twice_back(example: Example) -> bool:
     counts = _slot_counts(example, "_parameters")
     return any(counts[id(p)] >= 2 and torch_path(example, p, applied) == "swap"
                for p, applied in _results(example, _params(example)))
+
+
+# ---- facts about torch's public methods ----------------------------------------------------
+# Bad arguments torch's methods check only where they use them: per parameter
+# (``requires_grad_`` calls ``p.requires_grad_(requires_grad)``), per tensor (``type`` and
+# ``to_empty`` inside the ``fn`` they pass to ``_apply``).
+CHECKED_PER_PARAMETER = ("module.requires_grad_('yes')",)
+CHECKED_PER_TENSOR = ("module.type('torch.NoSuchTensor')", "module.type(1)",
+                      "module.to_empty(device=1.5)")
+
+
+def bad_argument_unchecked(example: Example) -> bool:
+    """A bad argument torch checks only per parameter or per tensor, on a module without
+    any: nothing checks it, and torch's method returns the module."""
+    call, module = example.method, example.module
+    if call is None or call.kind != "bad":
+        return False
+    if call.name in CHECKED_PER_PARAMETER:
+        return not any(True for _ in module.parameters())
+    if call.name in CHECKED_PER_TENSOR:
+        return not any(True for _ in module.parameters()) and not any(True for _ in module.buffers())
+    return False

@@ -292,6 +292,23 @@ def apply_repro(example: Any, target: Any, violations: list[Violation], *,
     return _script(example.module, target, body, violations, verify)
 
 
+def method_repro(example: Any, target: Any, violations: list[Violation], *,
+                 verify: bool = True) -> str:
+    """A script that makes the example's public method call (``example.method``) on ``target``
+    and shows the broken rule."""
+    body = ["module = build_module()", "before = named(module)", "snap = snapshot(module)",
+            "try:",
+            f"    out = {method_code(example.method, example.flags)}",
+            "    error = None",
+            "except Exception as e:  # a bad form must raise",
+            "    out, error = None, e",
+            "    print('raised', type(e).__name__, e)",
+            "after = named(module)",
+            "observed = {'error': describe(error), 'returned module': out is module, "
+            "**state(module, snap)}"]
+    return _script(example.module, target, body, violations, verify)
+
+
 def _conversion_lines(example: Any) -> list[str]:
     """``fn = ...`` for an ``_apply(fn)`` conversion (a method call builds its own), and the
     weak reference of a refused tensor."""

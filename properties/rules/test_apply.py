@@ -18,8 +18,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.plugged import with_converted, with_modules
-from swapspec.properties.harness.repro import apply_repro
-from swapspec.properties.harness.target_calls import run_apply, run_converted
+from swapspec.properties.harness.repro import apply_repro, method_repro
+from swapspec.properties.harness.target_calls import run_apply, run_converted, run_method
 from swapspec.properties.models.apply_state import (
     WORLD_CHANCE,
     conversion_named,
@@ -42,7 +42,11 @@ from swapspec.properties.models.examples import (
 from swapspec.properties.rules.clauses import check_path, no_error
 from swapspec.strategies import FlagSetting, flag_settings, module_trees, value_changing_conversions
 from swapspec.strategies.conversions import modules_with_conversions, raising_conversion
-from swapspec.strategies.method_calls import METHOD_CONVERSIONS, modules_with_method_conversions
+from swapspec.strategies.method_calls import (
+    METHOD_CONVERSIONS,
+    modules_with_method_calls,
+    modules_with_method_conversions,
+)
 from swapspec.strategies.trees import WRAPPERS
 
 # Each property draws the trees it needs by construction (see module_trees' ``needs``), and a
@@ -530,6 +534,123 @@ def test_apply_double_then_float_restores_values(target, module, flags, public):
                        f"{name!r} changed over double() then float()")
     _verdict(check, example, target)
 
+
+
+method_trees = module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE)
+
+
+def _method_setup(target, property_id, module, call, flags):
+    """The example of a public method call, its snapshot (no conversion: ``fn`` is the
+    identity, so only slots, grads and values are read) and a checker."""
+    example = Example(module, flags=flags, method=call)
+    snap = snapshot_for_apply(module, lambda: (lambda t: t))
+    return example, Checker(property_id, target, example), snap
+
+
+def _method_verdict(check: Checker, example: Example, target) -> None:
+    check.verdict(partial(method_repro, example, target))
+
+
+@spec_property("APPLY-METHOD-ARGS")
+@given(case=modules_with_method_calls(method_trees), flags=flag_settings())
+def test_apply_methods_take_torchs_argument_forms(target, case, flags):
+    """Each public method (``to``, ``to_empty``, ``half``, ``float``, ``double``, ``bfloat16``,
+    ``type``, ``cpu``, ``share_memory``, ``requires_grad_``, ``zero_grad``) accepts exactly
+    torch's argument forms: a good form returns the module (``zero_grad``: None); a bad form
+    (an integral dtype for ``to``, a bad argument type or count, an unknown device or type
+    string) raises torch's error type, whatever the module holds, and leaves the module
+    exactly as it was. (Whether a good conversion form runs, and what it does, the other APPLY
+    properties judge: they draw the same calls.)
+
+    Origin: ``nn.Module.to``'s documented forms and its ``TypeError`` "nn.Module.to only accepts
+    floating point or complex dtypes" (raised before ``_apply``, so the module is untouched).
+    """
+    module, call = case
+    if call.kind == "conversion":  # a good form that must run: its fn runs on every tensor
+        conversion = next(c for c in METHOD_CONVERSIONS if c.call == call)
+        snap = snapshot_for_apply(module, conversion.make_fn, flags=flags)
+        assume(snap.expected_error is None and not snap.swap_refused)
+    example, check, snap = _method_setup(target, "APPLY-METHOD-ARGS", module, call, flags)
+    values, grad_values = _values(snap)
+    requires_grad = {n: t.requires_grad for n, t in snap.names.items()}
+    outcome = run_method(target, example, call)
+    if call.kind != "bad":
+        # A good conversion form that raises is the APPLY properties' business (they draw the
+        # same forms, with torch's declared raising cases); a grad form must not raise.
+        if outcome.error is None or (call.kind == "grad" and no_error(check, outcome, call.name)):
+            want = None if call.method == "zero_grad" else module
+            check.that(outcome.result is want, "returned",
+                       f"{call.name} returned {type(outcome.result).__name__}, not "
+                       f"{'None' if want is None else 'the module'}")
+    else:
+        error = outcome.error
+        check.that(isinstance(error, call.error), "bad-form-accepted",
+                   f"{call.name} gave {type(error).__name__ if error else 'no error'}, not "
+                   f"{call.error.__name__}")
+        if error is not None and getattr(target, "exact_messages", False):
+            check.that(str(error).startswith(call.message), "message",
+                       f"{call.name} raised {str(error)!r}, not {call.message!r}...")
+        _check_untouched(check, module, snap, values, grad_values)
+        now = named_tensors(module)
+        check.that(all(now[n].requires_grad == r for n, r in requires_grad.items()),
+                   "requires-grad-changed", f"{call.name} changed a requires_grad")
+    _method_verdict(check, example, target)
+
+
+@spec_property("APPLY-METHOD-GRADS")
+@given(case=modules_with_method_calls(method_trees, kinds=("grad",)), flags=flag_settings())
+def test_apply_grad_methods(target, case, flags):
+    """``requires_grad_(b)`` sets every parameter's ``requires_grad`` to ``b``;
+    ``zero_grad(set_to_none=True)`` sets every grad to None, ``set_to_none=False`` keeps each
+    grad object, detached, with ``requires_grad=False`` and every value zero. Neither puts
+    another object in any slot, changes a buffer or a parameter's value, or touches the other
+    one's state.
+
+    Origin: ``nn.Module.requires_grad_`` (freezing for fine-tuning) and ``zero_grad``
+    (pytorch #92656 made ``set_to_none=True`` the default).
+    """
+    module, call = case
+    example, check, snap = _method_setup(target, "APPLY-METHOD-GRADS", module, call, flags)
+    values, _ = _values(snap)
+    args, kwargs = call.args()
+    outcome = run_method(target, example, call)
+    if no_error(check, outcome, call.name):
+        now_slots, now = slots(module), named_tensors(module)
+        for name, before in snap.slots.items():
+            check.that(now_slots.get(name, _MISSING) is before, "slot-changed",
+                       f"slot {name!r} holds another object after {call.name}",
+                       code=f"{slot_code(name)} is before[{name!r}]")
+        for name, value in values.items():
+            check.that(same_values(now[name], value), "value-changed",
+                       f"{name!r} changed value after {call.name}")
+        params = {n: t for n, t in snap.names.items() if id(t) in snap.classes}
+        if call.method == "requires_grad_":
+            wanted = (args or (kwargs.get("requires_grad", True),))[0]
+            for name, p in params.items():
+                check.that(p.requires_grad == wanted, "requires-grad",
+                           f"{name!r}.requires_grad is {p.requires_grad}, not {wanted}")
+                check.that(p.grad is snap.grads[id(p)], "grad-changed",
+                           f"{name!r}.grad changed under requires_grad_")
+        else:
+            to_none = (args or (kwargs.get("set_to_none", True),))[0]
+            for name, p in params.items():
+                check.that(p.requires_grad == snap.requires_grad[id(p)], "requires-grad",
+                           f"{name!r}.requires_grad changed under zero_grad")
+                _check_zeroed(check, name, snap.grads[id(p)], p.grad, to_none)
+    _method_verdict(check, example, target)
+
+
+def _check_zeroed(check: Checker, name: str, grad, now, to_none: bool) -> None:
+    """Clause ``grad-not-zeroed``: None with ``set_to_none``, else the same grad object,
+    detached, not requiring grad, all zeros (a grad that was None stays None)."""
+    if grad is None or to_none:
+        check.that(now is None, "grad-not-zeroed", f"{name!r}.grad is not None after zero_grad",
+                   code=f"{slot_code(name)}.grad is None")
+        return
+    zeroed = now is grad and now.grad_fn is None and not now.requires_grad and (
+        not holds_values(now) or not bool(now.detach().to_dense().any()))
+    check.that(zeroed, "grad-not-zeroed", f"{name!r}.grad is not the same grad zeroed and "
+               "detached after zero_grad(set_to_none=False)")
 
 
 def _method_conversion(name: str):
