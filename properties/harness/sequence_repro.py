@@ -82,6 +82,22 @@ def apply_lines(target: Any, fn_source: str, overwrite: bool, swap: bool) -> lis
     return [*lines, "error = None", *guarded(call)]
 
 
+def method_lines(target: Any, call: Any, overwrite: bool, swap: bool) -> list[str]:
+    """One public method call (``module.half()``, ``module.to(...)``): torch's own method under
+    the flags, or the target's (``Target.method``: its own, else built on its apply)."""
+    arguments = f", {call.arguments}" if call.arguments else ""
+    if is_torch(target):
+        made = [f"torch.__future__.set_overwrite_module_params_on_conversion({overwrite})",
+                f"torch.__future__.set_swap_module_params_on_conversion({swap})",
+                "try:", f"    {call.code('module')}", "finally:",
+                "    torch.__future__.set_overwrite_module_params_on_conversion(False)",
+                "    torch.__future__.set_swap_module_params_on_conversion(False)"]
+    else:
+        made = [f"target.method({call.method!r})(module{arguments}, overwrite={overwrite}, "
+                f"swap={swap})"]
+    return ["error = None", *guarded(made)]
+
+
 def functional_call_lines(target: Any, tensors: dict[str, Tensor], tie_weights: bool,
                           tuple_form: bool) -> list[str]:
     """One functional call on ``x``; its output is kept in ``out``."""

@@ -83,6 +83,7 @@ from swapspec.strategies import (
     tree_info,
 )
 from swapspec.strategies.decorations import OLD_STYLE
+from swapspec.strategies.method_calls import METHOD_CONVERSIONS
 
 STATE, FORWARD, HOOKS, OPTIMIZER = "SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER"
 
@@ -96,6 +97,26 @@ SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch
 # A life uses a few conversions again and again (to the device and back, half() for inference,
 # float() to train again): each sequence draws a palette of up to PALETTE of them at its build.
 PALETTE = 2
+
+
+# The convert step makes a palette conversion as ``_apply(fn)`` or, one time in two, as the
+# public method call whose per-tensor function it is (not ``share_memory()``: on a wrapper
+# subclass torch's kills the interpreter; the modelled fn passes those by).
+PUBLIC_FORMS = {"float()": "module.float()", "half()": "module.half()",
+                "double()": "module.double()", "bfloat16()": "module.bfloat16()",
+                "to(torch.float64)": "module.to(torch.float64)", "cpu()": "module.cpu()",
+                "to(memory_format=torch.channels_last)": "module.to(memory_format=torch.channels_last)",
+                "to('meta')": "module.to(device='meta')",
+                "to_empty(device='cpu')": "module.to_empty(device='cpu')"}
+PUBLIC_FORMS = {name: next(c for c in METHOD_CONVERSIONS if c.name == public)
+                for name, public in PUBLIC_FORMS.items()}
+
+
+def _call_method(target: Any, module: nn.Module, call: Any, flags: Any) -> Any:
+    """The public method call on the target (``Target.method``), under the drawn flags."""
+    args, kwargs = call.args()
+    return target.method(call.method)(module, *args, overwrite=flags.overwrite, swap=flags.swap,
+                                      **kwargs)
 
 
 palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVERSIONS]),
@@ -257,6 +278,8 @@ class SequenceMachine(RuleBasedStateMachine):
     @while_judged
     def convert(self, data: st.DataObject, flags: Any) -> None:
         conversion = data.draw(st.sampled_from(self.palette), label="conversion")
+        if conversion.name in PUBLIC_FORMS and data.draw(st.booleans(), label="public method"):
+            conversion = PUBLIC_FORMS[conversion.name]  # module.half() for _apply(half's fn)
         check = self.begin("convert", conversion=conversion, flags=flags)
         before = self.model.snapshot()
         prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
@@ -264,12 +287,15 @@ class SequenceMachine(RuleBasedStateMachine):
         open_values = not conversion.preserves_values
         with defined_empty_memory(open_values):
             outcome = attempt(lambda: self.target.apply(self.module, conversion.make_fn(),
-                                                        overwrite=flags.overwrite, swap=flags.swap))
+                                                        overwrite=flags.overwrite, swap=flags.swap)
+                              if conversion.call is None else
+                              _call_method(self.target, self.module, conversion.call, flags))
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
             self.model.poisoned = True  # a rolled-back swap poisons autograd nodes too
-        lines = repro.apply_lines(self.target, conversion.source("fn"), flags.overwrite,
-                                  flags.swap)
+        lines = (repro.apply_lines(self.target, conversion.source("fn"), flags.overwrite,
+                                   flags.swap) if conversion.call is None else
+                 repro.method_lines(self.target, conversion.call, flags.overwrite, flags.swap))
         if open_values:
             lines = [*DEFINED_EMPTY_MEMORY_LINES[0], *lines, *DEFINED_EMPTY_MEMORY_LINES[1]]
         self.after(check, prediction, outcome, lines)
