@@ -35,6 +35,9 @@ Options (each also read from an environment variable, then from the ini file):
   Hypothesis generated that were invalid (filtered by ``assume``/``filter``), and why: each
   rejected case's ``gave up because`` reason, counted (also in the JSON report's
   ``filter_rates``).
+- ``--swapspec-coverage``: measure, with coverage.py, which statements of each target's code
+  the run executed, per function (``properties.harness.coverage``: the scopes, xdist, the
+  exclusions); printed after the table, and the JSON report's ``coverage``.
 - ``--swapspec-reproduce`` (no variable: a blob never lingers in an environment): the
   ``@reproduce_failure(...)`` line a failure printed, replayed on the one property test selected.
 
@@ -101,6 +104,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="print each property x target's share of invalid generated test cases")
     group.addoption("--swapspec-property", default=None,
                     help="run only these property IDs (comma-separated, e.g. FC-TIES,APPLY-TIES)")
+    group.addoption("--swapspec-coverage", action="store_true", default=False,
+                    help="measure which statements of the targets' code the run executed, per "
+                         "function (coverage.py; console and JSON report)")
     group.addoption("--swapspec-reproduce", default=None, metavar="DECORATOR",
                     help="replay one failure exactly: the @reproduce_failure('V', b'...') line a "
                          "failure printed, applied to the one property test selected")
@@ -126,6 +132,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.swapspec_results = []
     if not hasattr(config, "workerinput"):
         crashes.make_directory()
+    if config.getoption("--swapspec-coverage"):
+        from swapspec.properties.harness import coverage
+        coverage.configure(config, config.swapspec_targets)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -528,11 +537,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             terminalreporter.write_line("why invalid:")
             for line in reasons:
                 terminalreporter.write_line(line)
+    measured = getattr(config, "swapspec_coverage", None)
+    if measured is not None:
+        from swapspec.properties.harness.coverage import render_coverage
+        terminalreporter.write_sep("=", "swapspec coverage (statements of the targets' code run)")
+        for line in render_coverage(measured):
+            terminalreporter.write_line(line)
     path = _option(config, "--swapspec-report", "SWAPSPEC_REPORT")
     if path:
         with open(path, "w") as f:
             json.dump({"torch": torch.__version__, "table": table, "filter_rates": rates,
                        "times": call_times(results),
-                       "declared": declared_deviations(config.swapspec_targets or [])},
+                       "declared": declared_deviations(config.swapspec_targets or []),
+                       **({"coverage": measured} if measured is not None else {})},
                       f, indent=2, sort_keys=True)
         terminalreporter.write_line(f"swapspec: wrote JSON report to {path}")
