@@ -39,6 +39,8 @@ LEDGER = ROOT / ".mutation" / "ledger.json"
 EQUIVALENT = ROOT / ".mutation" / "equivalent.md"
 PACKAGE = "swapspec.reference"
 SEPARATOR = "ǁ"  # mutmut's CLASS_NAME_SEPARATOR
+KILLED = ("killed", "timeout", "segfault")  # the tests stopped the mutant (as .mutation/summary.py)
+SURVIVED = ("survived", "no tests")  # no test stopped it: none failed, or none covers it
 
 
 def mutmut_names(source: str) -> Iterator[tuple[str, ast.AST]]:
@@ -52,18 +54,18 @@ def mutmut_names(source: str) -> Iterator[tuple[str, ast.AST]]:
                     yield f"x{SEPARATOR}{node.name}{SEPARATOR}{item.name}", item
 
 
-def fingerprints(root: Path = ROOT) -> dict[str, str]:
+def fingerprints() -> dict[str, str]:
     """``{'<module>.<mangled name>': AST hash}`` for every mutated function of reference/."""
     out = {}
-    for path in sorted((root / "reference").glob("*.py")):
+    for path in sorted((ROOT / "reference").glob("*.py")):
         for name, node in mutmut_names(path.read_text()):
             digest = hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
             out[f"{PACKAGE}.{path.stem}.{name}"] = digest
     return out
 
 
-def load_ledger(path: Path = LEDGER) -> dict[str, dict]:
-    return json.loads(path.read_text()) if path.exists() else {}
+def load_ledger() -> dict[str, dict]:
+    return json.loads(LEDGER.read_text()) if LEDGER.exists() else {}
 
 
 def stale_functions(ledger: dict[str, dict], current: dict[str, str]) -> list[str]:
@@ -78,12 +80,14 @@ def parse_results(text: str) -> dict[str, str]:
     return dict(found)
 
 
-def equivalent_names(path: Path = EQUIVALENT) -> set[str]:
-    return set(re.findall(r"`([\w.ǁ]+__mutmut_\d+)`", path.read_text())) if path.exists() else set()
+def equivalent_names() -> set[str]:
+    text = EQUIVALENT.read_text() if EQUIVALENT.exists() else ""
+    return set(re.findall(r"`([\w.ǁ]+__mutmut_\d+)`", text))
 
 
 def counts_by_function(results: dict[str, str], equivalent: set[str]) -> dict[str, dict]:
-    """Per function: mutants, killed (timeouts too), survived, equivalent, other (not checked...)."""
+    """Per function: mutants, killed (``KILLED``), survived (``SURVIVED``), equivalent (a survivor
+    listed in equivalent.md), other (not checked, skipped...: the function is not measured)."""
     out: dict[str, dict] = {}
     for mutant, status in results.items():
         entry = out.setdefault(mutant.rsplit("__mutmut_", 1)[0],
@@ -92,9 +96,9 @@ def counts_by_function(results: dict[str, str], equivalent: set[str]) -> dict[st
         entry["mutants"] += 1
         if status == "survived" and mutant in equivalent:
             entry["equivalent"] += 1
-        elif status in ("killed", "timeout"):
+        elif status in KILLED:
             entry["killed"] += 1
-        elif status == "survived":
+        elif status in SURVIVED:
             entry["survived"] += 1
         else:
             entry["other"] += 1
