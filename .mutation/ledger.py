@@ -15,12 +15,16 @@ Rules:
   stale function's entry replaced by the fresh results.
 
 Commands (from the checkout's root):
-  python .mutation/ledger.py stale           one mutmut glob per stale function (empty: none)
+  python .mutation/ledger.py stale [changed|unmeasured]
+                                             one mutmut glob per stale function (empty: none):
+                                             changed ones first, then unmeasured ones
   python .mutation/ledger.py record RESULTS  merge a run's ``mutmut results --all true`` output into
                                              the ledger for the functions it covers
-  python .mutation/ledger.py score [RESULTS] the score of reference/ (fresh results override the
+  python .mutation/ledger.py score [RESULTS] [--partial]
+                                             the score of reference/ (fresh results override the
                                              ledger); exit 1 below MUTATION_MIN_SCORE (default 95)
-                                             or when a function is stale and not in RESULTS
+                                             or, unless --partial (a run with a time budget), when
+                                             a function is stale and not in RESULTS
 """
 
 from __future__ import annotations
@@ -69,9 +73,11 @@ def load_ledger() -> dict[str, dict]:
 
 
 def stale_functions(ledger: dict[str, dict], current: dict[str, str]) -> list[str]:
-    """Functions whose code differs from what the ledger measured, or that it never measured."""
-    return [name for name, digest in current.items()
-            if ledger.get(name, {}).get("fingerprint") != digest]
+    """Functions whose code differs from what the ledger measured (first), then those it never
+    measured: a run with a time budget covers the changed code before the backlog."""
+    changed = [name for name, digest in current.items()
+               if name in ledger and ledger[name].get("fingerprint") != digest]
+    return changed + [name for name in current if name not in ledger]
 
 
 def parse_results(text: str) -> dict[str, str]:
@@ -135,9 +141,14 @@ def score(results_text: str = "") -> tuple[float | None, list[str]]:
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "stale"
     if command == "stale":
-        for name in stale_functions(load_ledger(), fingerprints()):
-            print(f"{name}__mutmut_*")
+        ledger = load_ledger()
+        kind = argv[1] if len(argv) > 1 else "all"
+        for name in stale_functions(ledger, fingerprints()):
+            if kind == "all" or (kind == "changed") == (name in ledger):
+                print(f"{name}__mutmut_*")
         return 0
+    partial = "--partial" in argv
+    argv = [a for a in argv if a != "--partial"]
     results = Path(argv[1]).read_text() if len(argv) > 1 else ""
     if command == "record":
         LEDGER.write_text(json.dumps(record(results), indent=1, ensure_ascii=False) + "\n")
@@ -149,8 +160,10 @@ def main(argv: list[str]) -> int:
         for name in unmeasured:
             print(f"UNMEASURED {name}")
         shown = "none" if percent is None else f"{percent:.1f}%"
-        print(f"mutation score of reference/ (ledger + this run): {shown}; required {minimum:g}%")
-        return 0 if percent is not None and percent >= minimum and not unmeasured else 1
+        print(f"mutation score of reference/ (ledger + this run): {shown} over the measured "
+              f"functions, {len(unmeasured)} unmeasured; required {minimum:g}%")
+        scored = percent is not None and percent >= minimum
+        return 0 if scored and (partial or not unmeasured) else 1
     print(__doc__)
     return 2
 
