@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import UninitializedTensorMixin
 
 COMPLEX_WARNING = (
     "Complex modules are a new feature under active development whose design may change, "
@@ -164,13 +165,22 @@ class Methods:
     def requires_grad_(self, module: nn.Module, requires_grad: bool = True, *,
                        overwrite: bool | None = None, swap: bool | None = None) -> nn.Module:
         """``module.requires_grad_(requires_grad=True)``: every parameter (each object once)
-        gets ``requires_grad``; buffers, grads and the slots' objects are untouched. A
-        non-``bool`` raises ``TypeError`` before anything changes, whatever the module holds."""
+        gets ``requires_grad``, an uninitialized one (a lazy module's, before its first
+        forward) too; buffers, grads and the slots' objects are untouched. A non-``bool``
+        raises ``TypeError``, and ``True`` with an integral parameter ``RuntimeError``, before
+        anything changes, whatever the module holds."""
         if not builtins.isinstance(requires_grad, bool):
             raise TypeError("requires_grad_(): argument 'requires_grad' (position 1) must be "
                             f"bool, not {builtins.type(requires_grad).__name__}")
-        for p in module.parameters():
-            p.requires_grad_(requires_grad)
+        params = list(module.parameters())
+        if requires_grad and any(not (p.is_floating_point() or p.is_complex()) for p in params):
+            raise RuntimeError("only Tensors of floating point and complex dtype can require "
+                               "gradients")
+        for p in params:
+            if builtins.isinstance(p, UninitializedTensorMixin):
+                p.requires_grad = requires_grad  # its requires_grad_ refuses to run
+            else:
+                p.requires_grad_(requires_grad)
         return module
 
     def zero_grad(self, module: nn.Module, set_to_none: bool = True, *,

@@ -221,26 +221,35 @@ def modules_with_method_conversions(
     ``Conversion`` among those usable on it (``usable_on``). ``recurse=False`` draws only
     ``to_empty(device=..., recurse=False)``."""
     module = draw(modules)
-    return module, draw(_reported(st.sampled_from(usable_on(module, _plain(devices, where,
-                                                                           recurse)))))
+    return module, draw(_reported(_uniform(usable_on(module, _plain(devices, where, recurse)))))
 
 
 def method_calls(kinds: Sequence[str] = ("conversion", "grad", "bad")
                  ) -> st.SearchStrategy[MethodCall]:
-    """Draw a :class:`MethodCall` of the given kinds, uniform over the forms; shrinks towards
-    the first kind's first form. Reports the event ``method: <name>``."""
+    """Draw a :class:`MethodCall`: a kind of ``kinds`` (uniform), then one of its forms
+    (uniform); shrinks towards the first kind's first form. Reports the event
+    ``method: <name>``."""
     pool = {"conversion": [c.call for c in METHOD_CONVERSIONS], "grad": list(GRAD_CALLS),
             "bad": list(BAD_CALLS)}
-    return _reported(st.sampled_from([call for kind in kinds for call in pool[kind]]))
+    return st.sampled_from(list(kinds)).flatmap(lambda k: _reported(st.sampled_from(pool[k])))
 
 
 @st.composite
 def modules_with_method_calls(draw: Any, modules: st.SearchStrategy[Any],
                               kinds: Sequence[str] = ("conversion", "grad", "bad")
                               ) -> tuple[Any, MethodCall]:
-    """Draw ``(module, call)``: a module, then a :class:`MethodCall` of ``kinds``, its
-    conversion forms among those usable on the module (``usable_on``)."""
+    """Draw ``(module, call)``: a module, then a kind of ``kinds`` (uniform), then a
+    :class:`MethodCall` of that kind (uniform), its conversion forms among those usable on the
+    module (``usable_on``)."""
     module = draw(modules)
-    pool = {"conversion": [c.call for c in usable_on(module, _plain(None, None))],
-            "grad": list(GRAD_CALLS), "bad": list(BAD_CALLS)}
-    return module, draw(_reported(st.sampled_from([c for k in kinds for c in pool[k]])))
+    kind = draw(_uniform(kinds))
+    pool = {"conversion": lambda: [c.call for c in usable_on(module, _plain(None, None))],
+            "grad": lambda: list(GRAD_CALLS), "bad": lambda: list(BAD_CALLS)}[kind]()
+    return module, draw(_reported(_uniform(pool)))
+
+
+def _uniform(choices: Sequence[Any]) -> st.SearchStrategy[Any]:
+    """One of ``choices``, shrinking towards the first: an index drawn from a wide range and
+    folded, so the draws after a tree spread over the choices (``st.sampled_from``'s few
+    indices, drawn there, favour the first choice)."""
+    return st.integers(0, 4095).map(lambda i: choices[i % len(choices)])

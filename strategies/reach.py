@@ -81,6 +81,15 @@ def conversion_reach(n: int) -> list[frozenset[str]]:
     return sample(drawn, n, lambda c: {c[0].tag})
 
 
+def method_reach(n: int) -> list[frozenset[str]]:
+    """Feature sets of ``n`` (tree, public method call) pairs as APPLY-METHOD-ARGS draws them
+    (:data:`WORLD_OPTIONS`): the call's name, ``method: <method>`` and ``kind: <kind>``."""
+    from swapspec.strategies.method_calls import modules_with_method_calls
+
+    pairs = modules_with_method_calls(module_trees(**WORLD_OPTIONS))
+    return sample(pairs, n, lambda p: {p[1].name, f"method: {p[1].method}", f"kind: {p[1].kind}"})
+
+
 def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
     """Feature sets of ``n`` call inputs, each for a freshly drawn tree."""
     pairs = module_trees().flatmap(lambda m: call_inputs(m, invalid=invalid))

@@ -152,3 +152,28 @@ def test_a_host_apply_builds_every_method():
     assert seen == [(True, False, True), (False, True, False)]
     assert module.weight.is_meta and module.weight.dtype == torch.float16
     assert set(METHODS) <= set(dir(host))
+
+
+def test_requires_grad_freezes_a_lazy_module_before_its_first_forward():
+    """The reference sets ``requires_grad`` on an uninitialized parameter too, and it holds
+    after the first forward materializes it; torch's ``requires_grad_`` raises ``ValueError``
+    there after changing the parameters before it (declared: ``requires_grad_on_uninitialized``)."""
+    module = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2))
+    assert reference.requires_grad_(module, False) is module
+    module(torch.ones(1, 2))
+    assert not any(p.requires_grad for p in module.parameters())
+    theirs = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2))
+    with pytest.raises(ValueError, match="uninitialized parameter"):
+        theirs.requires_grad_(False)
+    assert not theirs[0].weight.requires_grad and theirs[1].weight.requires_grad
+
+
+def test_requires_grad_refuses_an_integral_parameter_first():
+    """``requires_grad_(True)`` with an integral parameter raises ``RuntimeError`` before any
+    parameter changes (torch raises at that parameter, after changing the ones before it)."""
+    module = nn.Module()
+    module.a = nn.Parameter(torch.ones(1), requires_grad=False)
+    module.b = nn.Parameter(torch.ones(1, dtype=torch.int64), requires_grad=False)
+    with pytest.raises(RuntimeError, match="floating point and complex"):
+        reference.requires_grad_(module, True)
+    assert not module.a.requires_grad

@@ -29,6 +29,7 @@ from swapspec.properties.declarations.torch_apply import (
              old_weight_norm_swapped,
              overwrite_splits_tied_parameters,
              rebinding_splits_tied_buffers,
+             requires_grad_on_uninitialized,
              rnn_weight_swapped_elsewhere,
              shared_grad_swapped,
              split_tied_buffer_shares_storage,
@@ -117,6 +118,16 @@ SEQUENCE_IDS = ("SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER")
 
 
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        ("APPLY-METHOD-ARGS", "APPLY-METHOD-GRADS"), requires_grad_on_uninitialized, "raised",
+        reason="nn.Module.requires_grad_ calls p.requires_grad_ on every parameter, and an "
+        "UninitializedParameter (a lazy module before its first forward) refuses it with "
+        "ValueError, after the parameters before it were changed: a lazy module cannot be frozen "
+        "before its first forward, and the failed call leaves it half frozen (the reference sets "
+        "p.requires_grad, which an UninitializedParameter takes). Checked on torch 2.13.0 only. "
+        "Repro: m = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2)); "
+        "m.requires_grad_(False)  # ValueError: Attempted to use an uninitialized parameter; "
+        "m[0].weight.requires_grad  # False"),
     Deviation(
         "APPLY-METHOD-ARGS", bad_argument_unchecked, "bad-form-accepted", reason=
         "nn.Module.requires_grad_ checks its argument only in p.requires_grad_ (per parameter), "

@@ -469,3 +469,11 @@ def bad_argument_unchecked(example: Example) -> bool:
     if call.name in CHECKED_PER_TENSOR:
         return not any(True for _ in module.parameters()) and not any(True for _ in module.buffers())
     return False
+
+
+def requires_grad_on_uninitialized(example: Example) -> bool:
+    """A good ``requires_grad_`` call on a module holding an uninitialized parameter (a lazy
+    module before its first forward): torch's ``p.requires_grad_`` refuses it."""
+    call = example.method
+    return (call is not None and call.method == "requires_grad_" and call.kind == "grad"
+            and example.has("uninitialized-parameter"))

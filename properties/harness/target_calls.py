@@ -3,6 +3,7 @@ takes (``Target.has``), and call inputs drawn to match."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,10 @@ def run_method(target: Any, example: Example, call: Any) -> Outcome:
     method = target.method(call.method)
     args, kwargs = call.args()
     flags = example.flags
-    return attempt(lambda: method(example.module, *args, overwrite=flags.overwrite,
-                                  swap=flags.swap, **kwargs))
+    with warnings.catch_warnings():  # to(complex dtype) warns that complex modules are new
+        warnings.filterwarnings("ignore", "Complex modules", UserWarning)
+        return attempt(lambda: method(example.module, *args, overwrite=flags.overwrite,
+                                      swap=flags.swap, **kwargs))
 
 
 # ---- functional_call ---------------------------------------------------------------------
