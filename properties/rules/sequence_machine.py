@@ -99,9 +99,10 @@ SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch
 PALETTE = 2
 
 
-# The convert step makes a palette conversion as ``_apply(fn)`` or, one time in two, as the
-# public method call whose per-tensor function it is (not ``share_memory()``: on a wrapper
-# subclass torch's kills the interpreter; the modelled fn passes those by).
+# A palette holds conversions as ``_apply(fn)`` and as the public method call whose per-tensor
+# function they are (``module.half()``: ``conversion.call``; not ``share_memory()``: on a wrapper
+# subclass torch's kills the interpreter, the modelled fn passes those by). The palette, not the
+# convert step, draws the form: an extra draw per step reshuffles the derandomized sequences.
 PUBLIC_FORMS = {"float()": "module.float()", "half()": "module.half()",
                 "double()": "module.double()", "bfloat16()": "module.bfloat16()",
                 "to(torch.float64)": "module.to(torch.float64)", "cpu()": "module.cpu()",
@@ -119,7 +120,8 @@ def _call_method(target: Any, module: nn.Module, call: Any, flags: Any) -> Any:
                                       **kwargs)
 
 
-palettes = st.lists(st.sampled_from([conversion_named(n) for n in SEQUENCE_CONVERSIONS]),
+palettes = st.lists(st.sampled_from([*(conversion_named(n) for n in SEQUENCE_CONVERSIONS),
+                                     *PUBLIC_FORMS.values()]),
                     min_size=1, max_size=PALETTE, unique_by=lambda c: c.name)
 
 
@@ -278,8 +280,6 @@ class SequenceMachine(RuleBasedStateMachine):
     @while_judged
     def convert(self, data: st.DataObject, flags: Any) -> None:
         conversion = data.draw(st.sampled_from(self.palette), label="conversion")
-        if conversion.name in PUBLIC_FORMS and data.draw(st.booleans(), label="public method"):
-            conversion = PUBLIC_FORMS[conversion.name]  # module.half() for _apply(half's fn)
         check = self.begin("convert", conversion=conversion, flags=flags)
         before = self.model.snapshot()
         prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
