@@ -63,7 +63,11 @@ import torch
 from torch import nn
 
 from swapspec import reference
-from swapspec.properties.declarations.torch import STATELESS_DEVIATIONS, TORCH_DEVIATIONS
+from swapspec.properties.declarations.torch import (
+    STATELESS_DEVIATIONS,
+    TORCH_DEVIATIONS,
+    TORCH_METHOD_DEVIATIONS,
+)
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
 from swapspec.properties.declarations.xla import XLA_DEVIATIONS
 from swapspec.properties.vocabulary import Deviation
@@ -241,13 +245,14 @@ def builtin_target(name: str) -> Target:
         return dataclasses.replace(from_object(reference), exact_messages=True)
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
-                      deviations=TORCH_DEVIATIONS + XLA_DEVIATIONS + LOAD_DEVIATIONS,
+                      deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
+                                  + LOAD_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
-                      deviations=(TORCH_DEVIATIONS + XLA_DEVIATIONS + STATELESS_DEVIATIONS
-                                  + LOAD_DEVIATIONS),
+                      deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
+                                  + STATELESS_DEVIATIONS + LOAD_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS)
