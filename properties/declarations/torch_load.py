@@ -20,9 +20,10 @@ from swapspec.properties.models.examples import named_tensors
 from swapspec.properties.models.load_examples import (
     conflicting_groups,
     equal_values,
+    expected_load_paths,
     fits,
-    is_own_data,
     key_model,
+    loaded_values,
 )
 from swapspec.properties.vocabulary import Deviation
 from swapspec.strategies import tree_info
@@ -38,6 +39,9 @@ TORCH_ALL = (None, None)
 TORCH_SCALAR_INDEXED = (None, "2.10")
 # The two sequence-step declarations no example of the matrix showed (seen on 2.13.0 in CI runs):
 TORCH_SEEN = ("2.9.0", None)
+# Declarations that came after the load matrix (the reference's rules 6 and 9 of 5c15658),
+# their repros checked on 2.13.0 only: a run of the matrix sets their lower bounds.
+TORCH_CHECKED = ("2.13.0", None)
 
 # ---- facts about torch's load_state_dict --------------------------------------------------
 
@@ -117,9 +121,27 @@ def swap_refused_by_torch(example: Any) -> bool:
 
 
 def refused_on_a_succeeding_load(example: Any) -> bool:
-    """The load would succeed, but torch refuses a swap (``swap_refused_by_torch``)."""
-    model = key_model(example.module, example.load.state_dict)
-    return swap_refused_by_torch(example) and not model.fails(example.load.strict)
+    """The load would succeed, but torch refuses a swap (``swap_refused_by_torch``) of a
+    parameter that is not an RNN's (those are ``rnn_swap_refused``)."""
+    if not example.load.swap or spec_fails(example):
+        return False
+    refused, rnn = torch_refused(example), _rnn_parameters(example)
+    return any(id(slot) in refused and id(slot) not in rnn for _, slot, _ in _written(example))
+
+
+def rnn_swap_refused(example: Any) -> bool:
+    """Under the swap flag torch refuses every written parameter of an RNN (``nn.RNNBase``:
+    RNN, LSTM, GRU): the module keeps weak references to them (``_flat_weight_refs``), which
+    ``swap_tensors`` refuses; the spec drops them for the load (rule 9)."""
+    if not example.load.swap:
+        return False
+    rnn = _rnn_parameters(example)
+    return any(id(slot) in rnn for _, slot, _ in _written(example))
+
+
+def _rnn_parameters(example: Any) -> set[int]:
+    return {id(p) for m in example.module.modules() if isinstance(m, nn.RNNBase)
+            for p in m._parameters.values() if p is not None}
 
 
 def refused_with_conflict(example: Any) -> bool:
@@ -240,30 +262,22 @@ def _final_object(slot: Tensor, value: Any) -> Any:
     return value
 
 
-def first_keys(example: Any) -> dict[str, Tensor]:
-    """The first given key of each slot object, as LOAD-PATH checks it."""
-    own, out, seen = _own(example), {}, set()
-    for key in example.load.state_dict:
-        slot = own.get(key)
-        if isinstance(slot, Tensor) and id(slot) not in seen:
-            seen.add(id(slot))
-            out[key] = slot
-    return out
-
-
 def assign_replaces_own_data(example: Any) -> bool:
-    """With ``assign``, torch replaces a slot given its own data: a new Parameter (or the
-    detached alias as the buffer) without swap, a swapped-in TensorImpl with it. A tensor
-    torch swaps more than once is left to ``swapped_twice``: its last TensorImpl can sit at
-    the address of the one it started with (seen: a buffer reached by two consecutive keys
-    does, by three does not), so whether it shows as replaced is the allocator's choice."""
+    """With ``assign``, torch replaces a slot whose every key gives its own data (the spec's
+    kept path): a new Parameter (or the detached alias as the buffer) without swap, a
+    swapped-in TensorImpl with it. A tensor torch swaps more than once is left to
+    ``swapped_twice``: its last TensorImpl can sit at the address of the one it started with
+    (seen: a buffer reached by two consecutive keys does, by three does not), so whether it
+    shows as replaced is the allocator's choice."""
     load = example.load
     if not load.assign or swap_refused_by_torch(example):
         return False
     given, swaps = load.state_dict, _swap_counts(example)
-    for key, slot in first_keys(example).items():
-        if not is_own_data(slot, given[key]):
+    before = named_tensors(example.module)
+    for key, path in expected_load_paths(before, load).items():
+        if path != "kept":
             continue
+        slot = before[key]
         if load.swap:
             if swaps.get(id(slot), 0) == 1:
                 return True  # one swap: a new TensorImpl, the old one still alive meanwhile
@@ -272,6 +286,55 @@ def assign_replaces_own_data(example: Any) -> bool:
         if any(given[k] is not slot for k in same_slot):
             return True  # torch's last write into that slot puts in another object
     return False
+
+
+def assign_keeps_tied_own_data(example: Any) -> bool:
+    """With ``assign`` torch writes every key of a tied object in turn, own data too: without
+    the swap flag each slot ends with the last value written into it, and a tied slot no key
+    writes (a non-persistent buffer) keeps the object (the ties split); with it the object
+    ends with the last key's value that is not the object itself (given itself, it is swapped
+    with what it holds by then). Where what a slot of a tie (an object in two or more slots)
+    ends with is not the value the spec loads (own data, which yields to a tied name's other
+    value in the spec, or the old object), the difference shows."""
+    load = example.load
+    if not load.assign or spec_fails(example) or swap_refused_by_torch(example):
+        return False
+    module = example.module
+    before = named_tensors(module)
+    loading = {id(before[k]): v for k, v in loaded_values(before, load.state_dict).items()}
+    slots: dict[int, dict[tuple[int, str], Tensor]] = {}
+    for _, m in module.named_modules(remove_duplicate=False):
+        for registry in (m._parameters, m._buffers):
+            for key, t in registry.items():
+                if t is not None and id(t) in loading:
+                    slots.setdefault(id(t), {})[(id(m), key)] = t
+    finals: dict[Any, Any] = {}
+    for key, slot, value in _written(example):
+        if load.swap and value is slot:
+            continue  # swapping the object with itself keeps what the last swap put in
+        finals[id(slot) if load.swap else _slot_of(module, key)] = value
+    for ident, held in slots.items():
+        if len(held) < 2:
+            continue  # not a tie
+        ends = [finals.get(ident, t) for t in held.values()] if load.swap else \
+            [finals.get(where, t) for where, t in held.items()]
+        if any(not equal_values(end, loading[ident]) for end in ends):
+            return True
+    return False
+
+
+def assign_keeps_a_slot_given_itself(example: Any) -> bool:
+    """With ``assign`` (swap flag off) torch writes each key into its own slot: a slot whose
+    last key gives the parameter or buffer it holds keeps it, where the spec assigns a tied
+    name's other value to the object (``path-assign``)."""
+    load = example.load
+    if not load.assign or load.swap or spec_fails(example):
+        return False
+    module = example.module
+    finals = {_slot_of(module, key): value for key, _, value in _written(example)}
+    before = named_tensors(module)
+    return any(path == "assign" and finals.get(_slot_of(module, key)) is before[key]
+               for key, path in expected_load_paths(before, load).items())
 
 
 def _slot_of(module: nn.Module, key: str) -> tuple[int, str]:
@@ -402,6 +465,20 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "or 2 ... got 3",
         TORCH_ALL),
     Deviation(
+        SUCCEEDING, lambda e: rnn_swap_refused(e) and not spec_fails(e), "raised",
+        "Under the swap flag torch refuses every parameter of an RNN (RNN, LSTM, GRU): the "
+        "module keeps weak references to them (_flat_weight_refs) and swap_tensors refuses a "
+        "tensor with a weakref (the reference drops them for the load and rebuilds "
+        "_flat_weights after, as apply does). No LOAD- property draws the swap flag for a "
+        "module swap_tensors refuses where the load succeeds (strategies' swap_refused); this "
+        "names the deviation where one does. Checked on torch 2.13.0.\n"
+        "m = torch.nn.LSTM(3, 4)\n"
+        "sd = {k: v + 1 for k, v in m.state_dict().items()}\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(sd)  # RuntimeError: ... Cannot swap t1 because it has weakref "
+        "associated with it",
+        TORCH_CHECKED),
+    Deviation(
         ("LOAD-ATOMIC", *CROSS_DEVICE), scalar_takes_first_element, ("raised-none", "changed"),
         "torch before pytorch #165873's fix indexes any 1-dim value given for a 0-dim slot "
         "(value[0]) instead of only a (1,)-shaped one, so a wrong-shaped value loads its first "
@@ -471,6 +548,36 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m[0].weight is not m[1].weight",
         TORCH_ALL),
+    Deviation(
+        "LOAD-TIES", assign_keeps_tied_own_data, "tie-value",
+        "With assign=True torch writes every key of a tied object in turn, a key giving the "
+        "object's own data too: under the swap flag the object ends with the last key's value "
+        "(but for the object itself, which holds what the last swap put in), so state_dict()'s "
+        "alias given after another value puts the old values back; "
+        "without it each slot ends with the last value written into it (the ties split), so the "
+        "slot of the own-data key, in either order, and a tied slot no key writes (a "
+        "non-persistent buffer) keep the old values. The spec lets own data yield "
+        "to the other value. Copy and swap without assign agree (the alias shares the slot's "
+        "storage). Checked on torch 2.13.0.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight; w = m[0].weight.detach().clone()\n"
+        "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2)  # '1.weight': own data, last\n"
+        "torch.__future__.set_swap_module_params_on_conversion(True)\n"
+        "m.load_state_dict(sd, assign=True)\n"
+        "assert torch.equal(m[0].weight, w)  # the old values, not zeros",
+        TORCH_CHECKED),
+    Deviation(
+        "LOAD-PATH", assign_keeps_a_slot_given_itself, "path-assign",
+        "With assign=True (swap flag off) torch writes each key into its own slot, so a slot "
+        "given the very parameter it holds keeps it, while a tied name given another value gets "
+        "Parameter(value): the spec lets the own data yield and assigns the other value to the "
+        "object, in every slot. Checked on torch 2.13.0.\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "m[1].weight = m[0].weight; w = m[0].weight\n"
+        "sd = m.state_dict(); sd['0.weight'] = w; sd['1.weight'] = w.detach().clone()\n"
+        "m.load_state_dict(sd, assign=True)\n"
+        "assert m[0].weight is w  # the spec puts Parameter(sd['1.weight']) in both slots",
+        TORCH_CHECKED),
     Deviation(
         "LOAD-PATH", assign_replaces_own_data, "path-kept",
         "With assign=True torch replaces a slot given its own data (state_dict()'s detached "

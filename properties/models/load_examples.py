@@ -3,6 +3,7 @@ predicates. Each is computed from the module and the drawn input before the targ
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,19 @@ from swapspec.strategies.state_dicts import filled_by_overrides
 from swapspec.strategies.state_dicts import (
     swap_refused as swap_refused,  # re-exported: the predicates' name
 )
+
+
+def spec_swap_refused(module: nn.Module) -> bool:
+    """The spec refuses a swap of some tensor of ``module``: ``swap_refused``, less the weak
+    references an RNN (``nn.RNNBase``) keeps to its parameters, which the reference drops
+    for the load and makes again after (rule 9)."""
+    rnn_refs = {id(r) for m in module.modules() if isinstance(m, nn.RNNBase)
+                for r in getattr(m, "_flat_weight_refs", ()) if r is not None}
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}.values()
+    if any(id(r) not in rnn_refs for t in tensors for r in weakref.getweakrefs(t)):
+        return True
+    return any(isinstance(t, nn.Parameter) and t.grad is not None and t.grad.grad_fn is not None
+               for t in tensors)
 
 
 def own_keys(module: nn.Module) -> list[str]:
@@ -60,14 +74,74 @@ def groups_by_object(module: nn.Module) -> list[list[str]]:
     return list(groups.values())
 
 
-def conflicting_groups(module: nn.Module, given: dict[str, Any]) -> list[list[str]]:
-    """Groups whose given keys carry values that are not all equal (LOAD-TIES' conflict)."""
+def unchanged_data(slot: Tensor, value: Any, given: dict[str, Any]) -> bool:
+    """Rule 6's unchanged data: a value of ``given`` (the load's input; a value a class's
+    ``_load_from_state_dict`` puts in, such as a batch norm's own ``num_batches_tracked``, is
+    not one unless it is given too) that is the slot's own data (``is_own_data``)."""
+    return any(value is v for v in given.values()) and is_own_data(slot, value)
+
+
+def loading_key(slot: Tensor, keys: list[str], values: dict[str, Any],
+                given: dict[str, Any] | None = None) -> str | None:
+    """Rule 6: of ``keys`` (the keys reaching one tensor object, in the load's order), the one
+    whose value loads it: the first with a tensor value that is not unchanged data
+    (``unchanged_data``), else, every such value being unchanged data, the first. ``values``:
+    each key's value as the load sees it (``given``, the load's input, by default)."""
+    given = values if given is None else given
+    present = [k for k in keys if k in values and isinstance(values[k], Tensor)]
+    changed = [k for k in present if not unchanged_data(slot, values[k], given)]
+    return (changed or present or [None])[0]
+
+
+def conflicting_groups(module: nn.Module, values: dict[str, Any],
+                       given: dict[str, Any] | None = None) -> list[list[str]]:
+    """Groups of keys of one tensor object given values that are not unchanged data (own
+    data yields to any other value, in either order) and are not all equal (LOAD-TIES'
+    conflict). ``values``: the values the load sees, ``given`` (default ``values``) its input."""
+    given = values if given is None else given
+    own = module.state_dict(keep_vars=True)
     out = []
     for keys in groups_by_object(module):
-        values = [given[k] for k in keys if k in given and isinstance(given[k], Tensor)]
-        if any(not equal_values(v, values[0]) for v in values[1:]):
+        slot = own[keys[0]]
+        changed = [values[k] for k in keys if k in values and isinstance(values[k], Tensor)
+                   and not unchanged_data(slot, values[k], given)]
+        if any(not equal_values(v, changed[0]) for v in changed[1:]):
             out.append(keys)
     return out
+
+
+def loaded_values(before: dict[str, Tensor], given: dict[str, Any]) -> dict[str, Any]:
+    """Each given key of a slot (``before``: every name's tensor, as ``named_tensors`` gives
+    them) -> the value its tensor object is loaded from (``loading_key``; keys in the given
+    order, which a drawn state dict takes from ``state_dict()``, the traversal's)."""
+    keys_of: dict[int, list[str]] = {}
+    for key in given:
+        if key in before:
+            keys_of.setdefault(id(before[key]), []).append(key)
+    out = {}
+    for keys in keys_of.values():
+        key = loading_key(before[keys[0]], keys, given)
+        if key is not None:
+            out.update(dict.fromkeys(keys, given[key]))
+    return out
+
+
+def expected_load_paths(before: dict[str, Tensor], load: Any) -> dict[str, str]:
+    """The path of each tensor object (rule 4), under the first given key that reaches it:
+    ``kept`` with ``assign`` where the value that loads it (``loaded_values``) is its own data
+    (so every key of it gives own data), else swap, assign or copy."""
+    values = loaded_values(before, load.state_dict)
+    expected: dict[str, str] = {}
+    seen: set[int] = set()
+    for key in load.state_dict:
+        slot = before.get(key)
+        if slot is None or id(slot) in seen or key not in values:
+            continue
+        seen.add(id(slot))
+        kept = load.assign and is_own_data(slot, values[key])
+        expected[key] = "kept" if kept else "swap" if load.swap else \
+            "assign" if load.assign else "copy"
+    return expected
 
 
 def fits(slot: Tensor, value: Any) -> bool:
@@ -103,7 +177,7 @@ def key_model(module: nn.Module, given: dict[str, Any]) -> KeyModel:
     bad = [k for k in given if k in own and isinstance(own[k], Tensor) and not fits(own[k], given[k])]
     fitting = {k: v for k, v in given.items() if k not in bad}
     loaded = {**_filled_values(own, filled - set(given)), **fitting}
-    return KeyModel(missing, unexpected, bad, conflicting_groups(module, loaded))
+    return KeyModel(missing, unexpected, bad, conflicting_groups(module, loaded, given))
 
 
 def _filled_values(own: dict[str, Any], keys: set[str]) -> dict[str, Tensor]:

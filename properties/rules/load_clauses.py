@@ -13,12 +13,13 @@ from swapspec.properties.harness.checker import Checker
 from swapspec.properties.models.apply_state import slot_code
 from swapspec.properties.models.load_examples import (
     equal_values,
-    is_own_data,
+    expected_load_paths,
     key_model,
     meta_into_real,
+    spec_swap_refused,
 )
 from swapspec.properties.models.outcomes import Outcome, attempt
-from swapspec.strategies.state_dicts import LoadInput, swap_refused
+from swapspec.strategies.state_dicts import LoadInput
 
 
 def run_load(target: Any, example: Any) -> Outcome:
@@ -32,26 +33,15 @@ def run_load(target: Any, example: Any) -> Outcome:
 def load_succeeds(module: nn.Module, load: LoadInput) -> bool:
     """The spec's load of this input succeeds: valid keys, no conflict, nothing refused."""
     model = key_model(module, load.state_dict)
-    return not model.fails(load.strict) and not (load.swap and swap_refused(module)) \
+    return not model.fails(load.strict) and not (load.swap and spec_swap_refused(module)) \
         and (load.assign or not meta_into_real(module, load.state_dict))
 
 
 def expected_paths(before: dict[str, Tensor], load: LoadInput) -> dict[str, str]:
     """The path of each tensor object, under the first given key that reaches it, decided
-    before the load."""
-    expected: dict[str, str] = {}
-    for key, value in load.state_dict.items():
-        slot = before.get(key)
-        if slot is not None and not any(before[k] is slot for k in expected):
-            expected[key] = expected_load_path(slot, value, load)
-    return expected
-
-
-def expected_load_path(slot: Tensor, value: Any, load: LoadInput) -> str:
-    """``kept`` (with ``assign``, the slot's own data), else swap, assign or copy."""
-    if load.assign and is_own_data(slot, value):
-        return "kept"
-    return "swap" if load.swap else "assign" if load.assign else "copy"
+    before the load (``expected_load_paths``: ``kept`` with ``assign`` only where every key of
+    the object gives its own data)."""
+    return expected_load_paths(before, load)
 
 
 def check_load_path(check: Checker, key: str, before: Tensor, now: Tensor, cdata: int,

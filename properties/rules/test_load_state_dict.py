@@ -26,6 +26,7 @@ from swapspec.properties.models.load_examples import (
     changes,
     conflicting_groups,
     key_model,
+    loaded_values,
     snapshot_for_load,
 )
 from swapspec.properties.rules.clauses import no_error
@@ -105,8 +106,9 @@ def test_load_path(target, drawn):
 @spec_property("LOAD-VALUES")
 @given(drawn=loads())
 def test_load_values(target, drawn):
-    """After a load every slot holds its key's value: cast to the slot's dtype and device on the
-    copy and swap paths, the value's own with ``assign``.
+    """After a load every slot holds the value its tensor object is loaded from (its key's, or
+    for tied names given the object's own data and another value, the other one): cast to the
+    slot's dtype and device on the copy and swap paths, the value's own with ``assign``.
 
     Origin: the contract of ``nn.Module.load_state_dict`` (its documentation: ``assign=True``
     keeps the state dict's tensor properties, ``requires_grad`` apart).
@@ -115,15 +117,15 @@ def test_load_values(target, drawn):
     example, check = _setup(target, "LOAD-VALUES", module, load)
     before = named_tensors(module)
     kinds = {id(t): (t.dtype, t.device) for t in before.values()}
+    loaded = loaded_values(before, load.state_dict)
     outcome = run_load(target, example)
     if no_error(check, outcome, "load_state_dict"):
         after = named_tensors(module)
-        for key, value in load.state_dict.items():
-            if key in before and isinstance(value, Tensor):
-                dtype, device = (value.dtype, value.device) if load.assign else kinds[id(before[key])]
-                check.that(holds_value(after[key], value, dtype, device), "value",
-                           f"{key!r} does not hold its value as {dtype} on {device}: "
-                           f"got {after[key].dtype} on {after[key].device}")
+        for key, value in loaded.items():
+            dtype, device = (value.dtype, value.device) if load.assign else kinds[id(before[key])]
+            check.that(holds_value(after[key], value, dtype, device), "value",
+                       f"{key!r} does not hold its value as {dtype} on {device}: "
+                       f"got {after[key].dtype} on {after[key].device}")
     _verdict(check, example, target)
 
 
@@ -187,6 +189,8 @@ def test_load_atomic(target, module, data):
     half-loaded).
     """
     load = data.draw(state_dicts(module, kinds=("own", "fresh"), outcome="fails"), label="load")
+    # a drawn conflict where the other tied value is the slot's own data is none (rule 6)
+    assume(key_model(module, load.state_dict).fails(load.strict))
     example, check = _setup(target, "LOAD-ATOMIC", module, load)
     before = snapshot_for_load(module)
     outcome = run_load(target, example)
@@ -200,8 +204,10 @@ def test_load_atomic(target, module, data):
 @spec_property("LOAD-TIES")
 @given(module=tied_trees, data=st.data())
 def test_load_ties(target, module, data):
-    """Names that held one tensor before a load hold one tensor after, on every path; tied
-    names given different values raise torch's ``RuntimeError`` and change nothing.
+    """Names that held one tensor before a load hold one tensor after, on every path, with the
+    value it is loaded from: a value that is the object's own data yields to a tied name's
+    other value, in either order; tied names given different values (neither own data) raise
+    torch's ``RuntimeError`` and change nothing.
 
     Origin: weight tying (tied embeddings of language models; pytorch #86708 for
     ``functional_call``); with ``assign=True`` torch puts a new Parameter into each slot.
@@ -212,6 +218,8 @@ def test_load_ties(target, module, data):
     assume(groups)  # a tie the tree's training forward split (rebinding a tied buffer)
     example, check = _setup(target, "LOAD-TIES", module, load)
     before = snapshot_for_load(module)
+    names = named_tensors(module)
+    loaded = loaded_values(names, load.state_dict)
     conflicts = conflicting_groups(module, load.state_dict)
     outcome = run_load(target, example)
     if conflicts:
@@ -223,12 +231,27 @@ def test_load_ties(target, module, data):
                                                f"{changed[:4]}")
     elif no_error(check, outcome, "load_state_dict"):
         after = named_tensors(module)
-        for names in groups:
-            check.that(len({id(after[n]) for n in names}) == 1, "tie-split",
-                       f"{names} held one tensor and now hold "
-                       f"{len({id(after[n]) for n in names})}",
-                       code=" is ".join(slot_code(n) for n in names[:2]))
+        for group in groups:
+            check.that(len({id(after[n]) for n in group}) == 1, "tie-split",
+                       f"{group} held one tensor and now hold "
+                       f"{len({id(after[n]) for n in group})}",
+                       code=" is ".join(slot_code(n) for n in group[:2]))
+            _check_tie_values(check, group, names, after, loaded, load.assign)
     _verdict(check, example, target)
+
+
+def _check_tie_values(check: Checker, group: list[str], names: dict[str, Tensor],
+                      after: dict[str, Tensor], loaded: dict[str, Any], assign: bool) -> None:
+    """Clause ``tie-value``: each name of a tie holds the value its object is loaded from."""
+    value = next((loaded[n] for n in group if n in loaded), None)
+    if not isinstance(value, Tensor):
+        return  # no key of the object given
+    for name in group:
+        slot = names[name]
+        dtype, device = (value.dtype, value.device) if assign else (slot.dtype, slot.device)
+        check.that(holds_value(after[name], value, dtype, device), "tie-value",
+                   f"{name!r} (tied with {[n for n in group if n != name]}) does not hold the "
+                   "value its tensor is loaded from")
 
 
 @spec_property("LOAD-IDENTITY")
