@@ -18,6 +18,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from swapspec.strategies.trees import DTYPES, join, slot_values, tensor_values
 
 VALUE_KINDS = ("own", "fresh", "other-dtype", "meta", "two-tensor", "own-tensor")
+# The kinds that are the slot's own data, which a load treats as unchanged (reference rule 6).
+OWN_KINDS = ("own", "own-tensor")
 ALIAS_KINDS = ("same-object", "equal-copies", "independent")
 INVALID_KINDS = ("missing", "unexpected", "wrong-shape", "non-tensor")
 OUTCOMES = ("any", "succeeds", "fails")
@@ -270,6 +272,8 @@ def _fail(draw: Any, module: nn.Module, own: dict[str, Any], given: dict[str, An
         return reason, (_bad_input(draw, module, given, kinds, gen, reason, reasons[reason]),)
     first = draw(st.sampled_from(reasons["conflict"]))
     group = next(g for g in _conflict_groups(own, _fitting_keys(own, given)) if g[0] == first)
+    if kinds.get(first) in OWN_KINDS:  # the slot's own data yields to any other value: a copy
+        given[first], kinds[first] = given[first].detach().clone(), "fresh"  # does not
     given[group[1]] = _different(given[first])
     return reason, (first, group[1])
 
