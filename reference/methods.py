@@ -174,8 +174,7 @@ class Methods:
                             f"bool, not {builtins.type(requires_grad).__name__}")
         params = list(module.parameters())
         if requires_grad and any(not (p.is_floating_point() or p.is_complex()) for p in params):
-            raise RuntimeError("only Tensors of floating point and complex dtype can require "
-                               "gradients")
+            raise RuntimeError("only Tensors of floating point dtype can require gradients")
         for p in params:
             if builtins.isinstance(p, UninitializedTensorMixin):
                 p.requires_grad = requires_grad  # its requires_grad_ refuses to run

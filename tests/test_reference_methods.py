@@ -174,6 +174,27 @@ def test_requires_grad_refuses_an_integral_parameter_first():
     module = nn.Module()
     module.a = nn.Parameter(torch.ones(1), requires_grad=False)
     module.b = nn.Parameter(torch.ones(1, dtype=torch.int64), requires_grad=False)
-    with pytest.raises(RuntimeError, match="floating point and complex"):
+    with pytest.raises(RuntimeError, match="only Tensors of floating point dtype can require gradients"):
         reference.requires_grad_(module, True)
     assert not module.a.requires_grad
+
+
+def _message(call) -> tuple[type, str]:
+    with pytest.raises(Exception) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def test_requires_grad_errors_are_torchs_own_words() -> None:
+    """Rule: ``requires_grad_``'s two refusals carry the type and message of torch's own
+    ``Module.requires_grad_`` on the same module (a non-bool argument; ``True`` with an
+    integral parameter)."""
+    def integral() -> nn.Module:
+        m = nn.Linear(2, 2)
+        m.weight = nn.Parameter(torch.zeros(2, 2, dtype=torch.int64), requires_grad=False)
+        return m
+
+    assert _message(lambda: reference.requires_grad_(nn.Linear(2, 2), "yes")) == _message(
+        lambda: nn.Linear(2, 2).requires_grad_("yes"))
+    assert _message(lambda: reference.requires_grad_(integral(), True)) == _message(
+        lambda: integral().requires_grad_(True))
