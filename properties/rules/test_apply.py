@@ -102,8 +102,8 @@ def _verdict(check: Checker, example: Example, target) -> None:
 
 
 @spec_property("APPLY-PATH")
-@given(case=converted_either, flags=flag_settings())
-def test_apply_path(target, case, flags):
+@given(flags=flag_settings(), case=converted_either)
+def test_apply_path(target, flags, case):
     """Each parameter takes the path its flags and TensorImpl compatibility choose.
 
     set_data keeps the object and its ``_cdata``; swap keeps the object with new
