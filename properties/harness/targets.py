@@ -55,7 +55,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,22 +167,29 @@ class Target:
         printer.text(repr(self))
 
 
+@contextmanager
+def torch_future_flags(*, overwrite: bool | None = None, swap: bool) -> Iterator[None]:
+    """``torch.__future__``'s swap flag (and the overwrite flag unless ``None``) set inside the
+    block and restored after it, even on failure."""
+    future = torch.__future__
+    saved = (future.get_overwrite_module_params_on_conversion(),
+             future.get_swap_module_params_on_conversion())
+    try:
+        if overwrite is not None:
+            future.set_overwrite_module_params_on_conversion(overwrite)
+        future.set_swap_module_params_on_conversion(swap)
+        yield
+    finally:
+        future.set_overwrite_module_params_on_conversion(saved[0])
+        future.set_swap_module_params_on_conversion(saved[1])
+
+
 def torch_apply(
     module: nn.Module, fn: Callable, *, overwrite: bool, swap: bool, recurse: bool = True
 ) -> nn.Module:
     """``module._apply(fn, recurse)`` with ``torch.__future__``'s flags set for the call."""
-    future = torch.__future__
-    saved = (
-        future.get_overwrite_module_params_on_conversion(),
-        future.get_swap_module_params_on_conversion(),
-    )
-    try:
-        future.set_overwrite_module_params_on_conversion(overwrite)
-        future.set_swap_module_params_on_conversion(swap)
+    with torch_future_flags(overwrite=overwrite, swap=swap):
         return module._apply(fn, recurse=recurse)
-    finally:
-        future.set_overwrite_module_params_on_conversion(saved[0])
-        future.set_swap_module_params_on_conversion(saved[1])
 
 
 class TorchMethods:
@@ -193,16 +201,8 @@ class TorchMethods:
             raise AttributeError(name)
 
         def call(module: nn.Module, *args: Any, overwrite: bool, swap: bool, **kwargs: Any) -> Any:
-            future = torch.__future__
-            saved = (future.get_overwrite_module_params_on_conversion(),
-                     future.get_swap_module_params_on_conversion())
-            try:
-                future.set_overwrite_module_params_on_conversion(overwrite)
-                future.set_swap_module_params_on_conversion(swap)
+            with torch_future_flags(overwrite=overwrite, swap=swap):
                 return getattr(module, name)(*args, **kwargs)
-            finally:
-                future.set_overwrite_module_params_on_conversion(saved[0])
-                future.set_swap_module_params_on_conversion(saved[1])
 
         call.__name__ = name
         return call
@@ -215,13 +215,8 @@ def torch_load_state_dict(module: nn.Module, state_dict, *, strict: bool = True,
                           assign: bool = False, swap: bool) -> Any:
     """``module.load_state_dict(state_dict, strict, assign)`` with ``torch.__future__``'s swap
     flag set for the call and restored in ``finally``."""
-    future = torch.__future__
-    saved = future.get_swap_module_params_on_conversion()
-    try:
-        future.set_swap_module_params_on_conversion(swap)
+    with torch_future_flags(swap=swap):
         return module.load_state_dict(state_dict, strict=strict, assign=assign)
-    finally:
-        future.set_swap_module_params_on_conversion(saved)
 
 
 def stateless_functional_call(module, tensors, args=(), kwargs=None, *, tie_weights=True,
