@@ -1,6 +1,7 @@
 """Sequence zoo: ``apply`` keeps a memo of converted tensors from one call to the next.
 
-The memo maps (tensor object, its dtype, device and shape, conversion source) to ``fn``'s
+The memo maps (tensor object, its dtype, device and shape, conversion source and the values
+its closure holds, so ``double()`` and ``float()`` are two conversions) to ``fn``'s
 result, and a later ``apply`` of the same conversion on the same tensor object, while it has the
 same dtype, device and shape, reuses the old result instead of calling ``fn`` again ("that
 weight was already converted"). Within one call this is the reference's own memo; across calls
@@ -34,7 +35,9 @@ _MEMO: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
 def _key(t: Tensor, fn: Callable) -> tuple[Any, ...]:
     code = fn.__code__
     shape = None if isinstance(t, UninitializedTensorMixin) else tuple(t.shape)
-    return id(t), t.dtype, t.device, shape, code.co_code, repr(code.co_consts), code.co_names
+    cells = tuple(repr(cell.cell_contents) for cell in fn.__closure__ or ())
+    return (id(t), t.dtype, t.device, shape, code.co_code, repr(code.co_consts), code.co_names,
+            cells)
 
 
 def apply(module: nn.Module, fn: Callable[[Tensor], Tensor], *, overwrite: bool, swap: bool,
