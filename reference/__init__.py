@@ -5,6 +5,29 @@ The module itself is a target (it has ``name``, ``apply``, ``functional_call``,
 ``load_state_dict`` and ``methods``: ``nn.Module``'s public methods ``to``, ``half``,
 ``to_empty``... built on ``apply``, also exported here as ``reference.to(module, ...)``;
 ``float`` and ``type`` are left out of ``__all__``, so a star import keeps the builtins).
+
+Rules that hold after every operation (``apply`` and the methods built on it, ``functional_call``,
+``load_state_dict``), whatever came before:
+
+1. Raising changes nothing (``INV-RAISE-UNCHANGED``). A call that raises leaves everything as it
+   was: the module, every other module, the caller's tensors and dicts, and the process state
+   (the flags, the default dtype, grad mode).
+2. Success leaves a working module (``INV-WORKING``). Whatever worked before still works:
+   forward, backward, ``state_dict``, the next operation. The module behaves as one built fresh
+   in the resulting state would.
+3. Kinds are kept (``INV-KINDS``). Parameters stay parameters (class, subclass, instance
+   attributes, ``requires_grad``; ``requires_grad_`` sets the last, and ``load_state_dict`` with
+   ``assign`` gives the value's class, torch's documented rule). Buffers stay buffers,
+   persistent or not. Children stay children. A module keeps its class unless torch's docs say
+   when it changes (a lazy module becomes its ``cls_to_become`` in its first forward).
+4. Independence (``INV-INDEPENDENT``). Modules that share no tensors never affect each other,
+   whatever is done to one of them.
+5. Strict means exact (``INV-STRICT-EXACT``). Every key or name that does not address a slot is
+   reported: in ``load_state_dict``'s ``unexpected_keys`` and its strict error, and in
+   ``functional_call``'s strict error.
+
+The suite checks them after every one-shot property and every step of every sequence
+(``swapspec.properties.models.invariants``).
 """
 
 from swapspec.reference import methods

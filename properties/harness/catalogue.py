@@ -58,6 +58,12 @@ def main() -> None:
     print("| ID | rule | origin |\n|---|---|---|")
     for pid, rule, origin in sorted(properties()):
         print(f"| `{pid}` | {_cell(rule)} | {_cell(origin)} |")
+    from swapspec.properties.models.invariants import INVARIANTS
+
+    print("\nChecked after every operation of every property and every sequence step (a clause of the "
+          "property where it broke):\n\n| invariant | rule |\n|---|---|")
+    for iid, rule in INVARIANTS:
+        print(f"| `{iid}` | {_cell(rule)} |")
     if "--deviations" in sys.argv:
         print("\n| properties | clause(s) | torch | reason and repro |\n|---|---|---|---|")
         for pids, clauses, versions, reason in deviations():

@@ -24,7 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch import nn
+
 from swapspec.properties.harness import crashes
+from swapspec.properties.models import invariants
 from swapspec.properties.vocabulary import CRASH, Deviation, Violation, surveying
 
 
@@ -68,6 +71,16 @@ DECLARED_SHOWN: Counter[tuple[str, str, str]] = Counter()
 UNDECLARED: Counter[tuple[str, str, str]] = Counter()
 
 
+# The checker of the example running now (``Checker`` sets it when made, ``verdict`` clears it):
+# the target calls of ``target_calls`` add the invariants' violations to it.
+CURRENT: list[Checker | None] = [None]
+
+
+def current() -> Checker | None:
+    """The checker of the running example, or None between examples."""
+    return CURRENT[0]
+
+
 # Survey mode only: the first message of each undeclared clause, for its report cell.
 UNDECLARED_MESSAGES: dict[tuple[str, str, str], str] = {}
 
@@ -81,8 +94,11 @@ class Checker:
     example: Any
     declared: list[Deviation] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
+    bystander: Any = None  # ``invariants.Bystander``: a copy of the module no call may touch
+    succeeded: bool = False  # a target call of this example returned (``target_calls.watched``)
 
     def __post_init__(self) -> None:
+        CURRENT[0] = self
         self.declared = [
             d for d in self.target.deviations
             if self.property_id in d.property_ids
@@ -112,9 +128,20 @@ class Checker:
         return bool(holds)
 
     def verdict(self, repro: Callable[[list[Violation]], str] | None = None) -> None:
-        """Pass, count declared deviations, or raise ``ConformanceError`` with a repro."""
+        """Pass, count declared deviations, or raise ``ConformanceError`` with a repro.
+
+        First the invariants that hold after every property (``models.invariants``): the
+        bystander copy is untouched (``INV-INDEPENDENT``) and the module works
+        (``INV-WORKING``). A violated invariant is explained by a declaration of this
+        property that showed here (one bug, several symptoms), or by any declaration of the
+        target, of any property, that names the invariant's clause and applies here."""
+        if CURRENT[0] is self:
+            CURRENT[0] = None
+        self.violations += after_property(self)
         violated = {v.clause for v in self.violations}
         declared = {c for d in self.declared for c in d.clauses}
+        if violated & set(invariants.IDS):
+            declared |= self._invariant_excuses(violated & declared)
         unexplained = [v for v in self.violations if v.clause not in declared]
         stale = [d for d in self.declared if d.always and not violated & set(d.clauses)]
         for d in self.declared:
@@ -135,6 +162,18 @@ class Checker:
         script = self._repro(repro, unexplained)
         error = ConformanceError(self._explain(unexplained, stale, bool(script)), unexplained, script)
         raise error
+
+    def _invariant_excuses(self, shown: set[str]) -> set[str]:
+        """The invariant clauses explained here: all of them where a declared clause showed,
+        else those a declaration of the target (any property) names and applies to."""
+        if shown:
+            return set(invariants.IDS)
+        excused: set[str] = set()
+        for d in self.target.deviations:
+            named = set(d.clauses) & set(invariants.IDS)
+            if named and d.holds_for_installed_torch() and _applies(d, self.example):
+                excused |= named
+        return excused
 
     def _count(self, shown: set[str]) -> None:
         """Count a passing example: its declared clauses, and each declaration that applied."""
@@ -171,6 +210,26 @@ class Checker:
 
 
 REPRO_SECTION = "swapspec standalone repro"
+
+
+def _applies(deviation: Deviation, example: Any) -> bool:
+    """A predicate of another property that cannot read this example does not apply."""
+    try:
+        return bool(deviation.applies(example))
+    except Exception:
+        return False
+
+
+def after_property(check: Checker) -> list[Violation]:
+    """``INV-INDEPENDENT`` and ``INV-WORKING`` at the end of a one-shot property (the module's
+    own state is the property's no more: the forward and backward run on it)."""
+    if not invariants.enabled():
+        return []
+    out = invariants.independent(check.bystander)
+    module = getattr(check.example, "module", None)
+    if isinstance(module, nn.Module) and check.succeeded and not check.violations:
+        out += invariants.works(module, invariants.input_for(module))
+    return out
 
 
 def _final_example() -> bool:

@@ -9,6 +9,8 @@ from typing import Any
 
 from torch import nn
 
+from swapspec.properties.harness import checker
+from swapspec.properties.models import invariants
 from swapspec.properties.models.examples import (
     Example,
 )
@@ -18,8 +20,8 @@ from swapspec.strategies import call_inputs
 
 def run_apply(target: Any, example: Example, fn: Callable) -> Outcome:
     flags = example.flags
-    return attempt(lambda: target.apply(example.module, fn, overwrite=flags.overwrite,
-                                        swap=flags.swap, recurse=example.recurse))
+    return watched(lambda: target.apply(example.module, fn, overwrite=flags.overwrite,
+                                        swap=flags.swap, recurse=example.recurse), example.module)
 
 
 def run_converted(target: Any, example: Example) -> Outcome:
@@ -41,8 +43,9 @@ def run_method(target: Any, example: Example, call: Any) -> Outcome:
     flags = example.flags
     with warnings.catch_warnings():  # to(complex dtype) warns that complex modules are new
         warnings.filterwarnings("ignore", "Complex modules", UserWarning)
-        return attempt(lambda: method(example.module, *args, overwrite=flags.overwrite,
-                                      swap=flags.swap, **kwargs))
+        return watched(lambda: method(example.module, *args, overwrite=flags.overwrite,
+                                      swap=flags.swap, **kwargs), example.module,
+                       requires_grad=call.method != "requires_grad_")
 
 
 # ---- functional_call ---------------------------------------------------------------------
@@ -58,6 +61,80 @@ def target_call_inputs(target: Any, module: nn.Module, **options: Any):
 
 def call_target(target: Any, module: nn.Module, tensors: Any, args: tuple, kwargs: dict, *,
                 tie_weights: bool = True, strict: bool = False) -> Any:
-    """``target.functional_call``, passing only the keywords the target takes."""
-    return target.functional_call(module, tensors, args, kwargs,
-                                  **target.call_keywords(tie_weights=tie_weights, strict=strict))
+    """``target.functional_call``, passing only the keywords the target takes; a call that
+    raises raises (``watched`` checks the invariants on the way)."""
+    keywords = target.call_keywords(tie_weights=tie_weights, strict=strict)
+    outcome = watched(lambda: target.functional_call(module, tensors, args, kwargs, **keywords),
+                      module, mappings=(tensors,), extras=_call_extras(module, tensors),
+                      strict=keywords.get("strict", False), forwards=True)
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.result
+
+
+def _call_extras(module: nn.Module, tensors: Any) -> list[str] | None:
+    dicts = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
+    try:
+        return invariants.call_extras(module, [k for d in dicts for k in d])
+    except Exception:  # a bad input (not a dict): the call's own error
+        return None
+
+
+# ---- the invariants, at every call -------------------------------------------------------
+_DEPTH = [0]  # a target call inside a target call (apply inside forward) is its caller's
+
+
+def watched(call: Callable[[], Any], module: nn.Module, *, mappings: tuple = (),
+            extras: list[str] | None = None, strict: bool = False, load: bool = False,
+            classes: bool = True, requires_grad: bool = True, forwards: bool = False) -> Outcome:
+    """``attempt(call)``, adding to the running example's checker (``checker.current``) the
+    invariants every call must keep (``models.invariants``): raising changed nothing
+    (``INV-RAISE-UNCHANGED``), success kept every kind (``INV-KINDS``), and strict reported every
+    key of ``extras`` (``INV-STRICT-EXACT``; ``load``: a load, whose ``unexpected_keys`` report
+    them without strict). ``forwards``: the call runs the module's forward (``functional_call``);
+    an error raised once the forward began is the forward's, and what the forward changed on
+    the way is its own business, not the call's."""
+    check = checker.current()
+    if check is None or _DEPTH[0] or not invariants.enabled():
+        return attempt(call)
+    if check.bystander is None:  # made before the example's first call, once
+        check.bystander = invariants.bystander(module) or False
+    before = invariants.world([module], mappings)
+    kinds = invariants.kinds(module)
+    began: list[bool] = []
+    hook = module.register_forward_pre_hook(lambda *_: began.append(True)) if forwards else None
+    _DEPTH[0] += 1
+    try:
+        outcome = attempt(call)
+    finally:
+        _DEPTH[0] -= 1
+        if hook is not None:
+            hook.remove()
+    if outcome.error is not None:
+        found = [] if began else invariants.unchanged(before)
+    else:
+        check.succeeded = True
+        found = invariants.kinds_kept(kinds, module, classes=classes, requires_grad=requires_grad)
+    if extras is not None:
+        found += invariants.strict_exact(extras, outcome.error, outcome.result if load else None,
+                                         strict=strict)
+    check.violations += found
+    return outcome
+
+
+def run_load(target: Any, example: Example) -> Outcome:
+    """``target.load_state_dict`` of the example's ``load`` (``strategies.LoadInput``)."""
+    load = example.load
+    module = example.module
+    return watched(lambda: target.load_state_dict(module, load.state_dict, strict=load.strict,
+                                                  assign=load.assign, swap=load.swap),
+                   module, mappings=(load.state_dict,),
+                   extras=_load_extras(module, load.state_dict), strict=load.strict, load=True,
+                   classes=not load.assign)
+
+
+def _load_extras(module: nn.Module, state_dict: Any) -> list[str] | None:
+    try:
+        return invariants.load_extras(module, list(state_dict))
+    except Exception:  # a state dict that is no mapping: the load's own error
+        return None

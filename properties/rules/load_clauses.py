@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from swapspec.properties.harness import target_calls
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.models.apply_state import slot_code
 from swapspec.properties.models.load_examples import (
@@ -18,16 +19,14 @@ from swapspec.properties.models.load_examples import (
     meta_into_real,
     spec_swap_refused,
 )
-from swapspec.properties.models.outcomes import Outcome, attempt
+from swapspec.properties.models.outcomes import Outcome
 from swapspec.strategies.state_dicts import LoadInput
 
 
 def run_load(target: Any, example: Any) -> Outcome:
-    """The example's load on ``target``: its result or its error."""
-    load = example.load
-    return attempt(lambda: target.load_state_dict(example.module, load.state_dict,
-                                                  strict=load.strict, assign=load.assign,
-                                                  swap=load.swap))
+    """The example's load on ``target``: its result or its error (``target_calls.run_load``,
+    which checks the invariants on the way)."""
+    return target_calls.run_load(target, example)
 
 
 def load_succeeds(module: nn.Module, load: LoadInput) -> bool:

@@ -69,6 +69,7 @@ from swapspec.properties.harness import sequence_repro as repro
 from swapspec.properties.harness.checker import OBSERVED
 from swapspec.properties.harness.sequence_replay import REPLAY
 from swapspec.properties.harness.step_checker import StepCheck
+from swapspec.properties.models import invariants
 from swapspec.properties.models.apply_state import conversion_named, same_metadata
 from swapspec.properties.models.examples import StepExample, named_tensors, same_values
 from swapspec.properties.models.module_model import LR, UNNAMED, ModuleModel, Prediction
@@ -554,8 +555,10 @@ class SequenceMachine(RuleBasedStateMachine):
         ran. These collections scan only what the sequence made (see ``__init__``)."""
         if step in COLLECTING_STEPS:
             gc.collect()
-        return StepCheck(self.property_id, self.target,
-                         StepExample(self.module, step=step, **example))
+        check = StepCheck(self.property_id, self.target,
+                          StepExample(self.module, step=step, **example))
+        self.invariants_before = step_snapshot(self, step, example)
+        return check
 
     def after(self, check: StepCheck, prediction: Prediction, outcome: Outcome,
               lines: list[str], *, output: bool = False) -> None:
@@ -578,6 +581,7 @@ class SequenceMachine(RuleBasedStateMachine):
         check.that(global_state() == self.start, "global-state",
                    f"step {step!r} changed global state (flags, default dtype, grad mode or RNG)",
                    code="global_state() == start")
+        check.violations += step_invariants(self, outcome)
         symptoms = copy.copy(check)
         symptoms.violations = []
         if self.property_id != STATE and check.declared:
@@ -631,6 +635,46 @@ class SequenceMachine(RuleBasedStateMachine):
         *done, last = self.steps
         asserts = [f"assert {v.code}, {v.message!r}" for v in violations]
         return repro.script(self.target, self.build_lines, [*done, last], asserts)
+
+
+# ---- the invariants of every step (``models.invariants``) ----------------------------
+def step_snapshot(machine: SequenceMachine, step: str, example: dict) -> Any:
+    """Before a step: the world, the kinds and (at the build) the bystander, an independent
+    copy of the module that no later step may touch."""
+    if not invariants.enabled():
+        return None
+    if step == "build" or machine.module is None:
+        machine.bystander = invariants.bystander(machine.module) if machine.module else None
+        return None
+    load = example.get("load")
+    mappings = (load.state_dict,) if load is not None else (
+        (example["call"].tensors,) if example.get("call") is not None else ())
+    return (invariants.world([machine.module], mappings), invariants.kinds(machine.module),
+            load)
+
+
+def step_invariants(machine: SequenceMachine, outcome: Outcome) -> list[Violation]:
+    """After a step: INV-RAISE-UNCHANGED where it raised, else INV-KINDS and INV-WORKING (on a
+    copy: the model holds the module's grads and hook counts); INV-INDEPENDENT always."""
+    found = invariants.independent(getattr(machine, "bystander", None))
+    before = getattr(machine, "invariants_before", None)
+    if before is None:
+        return found
+    world, kinds, load = before
+    if outcome.error is not None:
+        return found + invariants.unchanged(world)
+    # a requires_grad_ step sets requires_grad (``after`` has put it last in the trail)
+    # (a tie or an untie puts another parameter in a slot: its own class, attributes and
+    # requires_grad)
+    last = machine.trail[-1][0] if machine.trail else ""
+    found += invariants.kinds_kept(kinds, machine.module,
+                                   requires_grad=last not in ("requires_grad", "tie", "untie"),
+                                   classes=not (load and load.assign) and last not in ("tie", "untie"))
+    try:
+        copied = copy.deepcopy(machine.module)
+    except Exception:
+        return found
+    return found + invariants.works(copied, machine.x)
 
 
 # ---- the invariants ------------------------------------------------------------------

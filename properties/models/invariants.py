@@ -1,0 +1,434 @@
+"""The invariants that hold after every operation (``apply``, a public method, ``functional_call``,
+``load_state_dict``, and every step of a sequence), in one place: what the spec predicts whatever
+the operation was.
+
+- ``INV-RAISE-UNCHANGED``: a call that raises leaves everything as it was: the module, every
+  other module, the caller's tensors and dicts, and the process state (flags, default dtype,
+  grad mode).
+- ``INV-WORKING``: a call that succeeds leaves a working module: whatever worked before still
+  works (forward, backward, ``state_dict``); the module behaves as one built fresh in the
+  resulting state would.
+- ``INV-KINDS``: kinds are kept: parameters stay parameters (class, subclass, instance
+  attributes, ``requires_grad``), buffers stay buffers (persistent or not), children stay
+  children, and a module keeps its class unless torch's docs say when it changes.
+- ``INV-INDEPENDENT``: modules that share no tensors never affect each other, whatever is done
+  to one of them.
+- ``INV-STRICT-EXACT``: strict means exact: every key that does not address a slot is reported
+  (``load_state_dict``'s ``unexpected_keys`` or strict error, ``functional_call``'s strict error).
+
+A snapshot (``world``, ``kinds``) is taken before the operation; the checks (``unchanged``,
+``kinds_kept``, ``works``, ``independent``, ``strict_exact``) return the ``Violation``s found,
+each under its invariant's ID as the clause, so a declaration names a torch break of one like any
+other clause. The harness calls them where a one-shot property calls the target, and the sequence
+machine after every step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import UninitializedTensorMixin
+
+from swapspec import reference
+from swapspec.properties.models.call_state import ModuleState, module_state
+from swapspec.properties.models.examples import holds_values, named_tensors, same_values
+from swapspec.properties.vocabulary import Violation
+from swapspec.strategies import tree_info
+from swapspec.strategies.modules import BATCH, FEATURES
+
+RAISE_UNCHANGED = "INV-RAISE-UNCHANGED"
+WORKING = "INV-WORKING"
+KINDS = "INV-KINDS"
+INDEPENDENT = "INV-INDEPENDENT"
+STRICT_EXACT = "INV-STRICT-EXACT"
+
+# (ID, rule): the catalogue prints them (``harness.catalogue``).
+INVARIANTS: tuple[tuple[str, str], ...] = (
+    (RAISE_UNCHANGED, "A call that raises leaves everything as it was: the module, every other "
+     "module, the caller's tensors and dicts, and the process state (flags, default dtype, grad "
+     "mode)."),
+    (WORKING, "Success leaves a working module: whatever worked before still works (forward, "
+     "backward, ``state_dict``, the next operation); the module behaves as one built fresh in the "
+     "resulting state would."),
+    (KINDS, "Kinds are kept: parameters stay parameters (class, subclass, instance attributes, "
+     "``requires_grad``), buffers stay buffers (persistent or not), children stay children; a "
+     "module keeps its class unless torch's docs say when it changes."),
+    (INDEPENDENT, "Modules that share no tensors never affect each other, whatever is done to one "
+     "of them."),
+    (STRICT_EXACT, "Strict means exact: every key that does not address a slot is reported "
+     "(``load_state_dict``'s ``unexpected_keys`` or strict error, ``functional_call``'s strict "
+     "error)."),
+)
+IDS: tuple[str, ...] = tuple(i for i, _ in INVARIANTS)
+
+
+def enabled() -> bool:
+    """Whether the harness checks the invariants: ``SWAPSPEC_INVARIANTS=1`` (off by default until
+    the reference passes them everywhere and torch's breaks of them are declared)."""
+    return os.environ.get("SWAPSPEC_INVARIANTS") == "1"
+
+
+# ---- INV-RAISE-UNCHANGED -----------------------------------------------------------------
+
+
+def process_state() -> tuple:
+    """The process state no call may change when it raises: torch's and the reference's flags,
+    the default dtype, grad mode and inference mode."""
+    future = torch.__future__
+    return (future.get_overwrite_module_params_on_conversion(),
+            future.get_swap_module_params_on_conversion(),
+            reference.get_overwrite_module_params_on_conversion(),
+            reference.get_swap_module_params_on_conversion(),
+            torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+
+@dataclass
+class _Mapping:
+    """A caller's dict as given: the object, its keys in order, each value's object and values."""
+
+    obj: Mapping
+    keys: tuple
+    ids: tuple
+    values: dict[int, Tensor]
+
+
+def _mapping(obj: Mapping) -> _Mapping:
+    items = list(obj.items())
+    return _Mapping(obj, tuple(k for k, _ in items), tuple(id(v) for _, v in items),
+                    {id(v): v.detach().clone() for _, v in items
+                     if isinstance(v, Tensor) and holds_values(v)})
+
+
+@dataclass
+class World:
+    """What an operation may touch: the modules (``module_state``: slot objects, classes,
+    attributes, values), the caller's dicts and tensors, and the process state."""
+
+    modules: list[tuple[nn.Module, ModuleState]]
+    mappings: list[_Mapping]
+    process: tuple
+
+
+def world(modules: Iterable[nn.Module], mappings: Iterable[Any] = ()) -> World:
+    """The snapshot of ``modules``, the caller's ``mappings`` (dicts, or tuples of dicts) and the
+    process state, taken before an operation."""
+    flat: list[Mapping] = []
+    for m in mappings:
+        if isinstance(m, Mapping):
+            flat.append(m)
+        elif isinstance(m, (tuple, list)):
+            flat.extend(d for d in m if isinstance(d, Mapping))
+    return World([(m, module_state(m)) for m in modules], [_mapping(m) for m in flat],
+                 process_state())
+
+
+def unchanged(before: World, clause: str = RAISE_UNCHANGED) -> list[Violation]:
+    """``INV-RAISE-UNCHANGED``: every module, caller's dict and the process state as in
+    ``before`` (read now)."""
+    out: list[Violation] = []
+    for module, state in before.modules:
+        out += _module_unchanged(state, module, clause)
+    for m in before.mappings:
+        items = list(m.obj.items())
+        if (tuple(k for k, _ in items), tuple(id(v) for _, v in items)) != (m.keys, m.ids):
+            out.append(Violation(clause, "the caller's dict changed (keys or the objects they hold)"))
+            continue
+        for key, value in items:
+            if id(value) in m.values and not same_values(value, m.values[id(value)]):
+                out.append(Violation(clause, f"the caller's tensor under {key!r} changed value"))
+    if process_state() != before.process:
+        out.append(Violation(clause, "the process state changed (flags, default dtype, grad mode)",
+                             code="process_state() == before"))
+    return out
+
+
+def _module_unchanged(state: ModuleState, module: nn.Module, clause: str) -> list[Violation]:
+    now = module_state(module)
+    out = []
+    for name, obj in state.slots.items():
+        if now.slots.get(name, _GONE) is not obj:
+            out.append(Violation(clause, f"slot {name!r} holds another object"))
+    for name in now.slots.keys() - state.slots.keys():
+        out.append(Violation(clause, f"slot {name!r} appeared"))
+    for path, shape in state.layout.items():
+        if now.layout.get(path) != shape:
+            out.append(Violation(clause, f"module {path or '<root>'!r} changed class, attributes "
+                                         "or registrations"))
+    by_id = {id(t): (n, t) for n, t in state.slots.items() if isinstance(t, Tensor)}
+    for key, value in state.values.items():
+        name, tensor = by_id[key]
+        if not same_values(tensor, value):
+            out.append(Violation(clause, f"{name!r} changed dtype, device, shape or values"))
+    return out
+
+
+_GONE = object()
+
+
+# ---- INV-KINDS ---------------------------------------------------------------------------
+
+
+@dataclass
+class Kinds:
+    """The kind of everything registered, by dotted name: module classes and children,
+    parameter slots (class, attribute names, ``requires_grad``), buffers (persistent or not)."""
+
+    modules: dict[str, tuple[type, tuple[str, ...]]]
+    parameters: dict[str, tuple[type, frozenset[str], bool] | None]
+    buffers: dict[str, bool]
+
+
+def kinds(module: nn.Module) -> Kinds:
+    mods, params, bufs = {}, {}, {}
+    for path, m in module.named_modules(remove_duplicate=False):
+        mods[path] = (type(m), tuple(m._modules))
+        prefix = f"{path}." if path else ""
+        for key, p in m._parameters.items():
+            params[prefix + key] = None if p is None else (
+                type(p), frozenset(getattr(p, "__dict__", {})), p.requires_grad)
+        for key in m._buffers:
+            bufs[prefix + key] = key not in m._non_persistent_buffers_set
+    return Kinds(mods, params, bufs)
+
+
+def kinds_kept(before: Kinds, module: nn.Module, *, requires_grad: bool = True,
+               classes: bool = True) -> list[Violation]:
+    """``INV-KINDS`` after a successful operation. ``requires_grad=False``: the operation sets it
+    (``requires_grad_``); ``classes=False``: parameters take the given value's class and
+    attributes (``load_state_dict(assign=True)``, torch's documented rule)."""
+    now = kinds(module)
+    out: list[Violation] = []
+    for path, (cls, children) in before.modules.items():
+        got = now.modules.get(path)
+        if got is None:
+            out.append(Violation(KINDS, f"module {path or '<root>'!r} is gone"))
+            continue
+        if got[0] is not cls and getattr(cls, "cls_to_become", None) is not got[0]:
+            out.append(Violation(KINDS, f"module {path or '<root>'!r} became a {got[0].__name__}, "
+                                        f"was a {cls.__name__}"))
+        if got[1] != children:
+            out.append(Violation(KINDS, f"module {path or '<root>'!r}'s children changed: "
+                                        f"{list(children)} -> {list(got[1])}"))
+    named = dict(_registered(module))
+    for name, kind in before.parameters.items():
+        if name not in now.parameters:
+            where = "a buffer" if name in now.buffers else "unregistered"
+            out.append(Violation(KINDS, f"parameter {name!r} is {where} now",
+                                 code=f"{name!r} in dict(module.named_parameters())"))
+            continue
+        got = now.parameters[name]
+        if (kind is None) != (got is None):
+            out.append(Violation(KINDS, f"parameter slot {name!r} went {'from' if kind is None else 'to'}"
+                                        " None"))
+            continue
+        if kind is None or issubclass(kind[0], UninitializedTensorMixin):
+            continue  # a lazy parameter: its first forward materializes it (torch's docs)
+        value = named[name]
+        if not isinstance(value, nn.Parameter):
+            out.append(Violation(KINDS, f"{name!r} is a {type(value).__name__}, not a Parameter"))
+        elif classes and got[0] is not kind[0] and issubclass(got[0], nn.Parameter):
+            # a wrapper subclass result (a DTensor parameter) takes the result's class
+            out.append(Violation(KINDS, f"parameter {name!r} became a {got[0].__name__}, was a "
+                                        f"{kind[0].__name__}"))
+        if classes and not kind[1] <= got[1]:
+            out.append(Violation(KINDS, f"parameter {name!r} lost its attributes "
+                                        f"{sorted(kind[1] - got[1])}"))
+        if requires_grad and got[2] != kind[2]:
+            out.append(Violation(KINDS, f"parameter {name!r} requires_grad went {kind[2]} -> {got[2]}"))
+    for name, persistent in before.buffers.items():
+        if name not in now.buffers:
+            where = "a parameter" if name in now.parameters else "unregistered"
+            out.append(Violation(KINDS, f"buffer {name!r} is {where} now",
+                                 code=f"{name!r} in dict(module.named_buffers())"))
+        elif now.buffers[name] != persistent:
+            out.append(Violation(KINDS, f"buffer {name!r} is {'not ' if persistent else ''}"
+                                        "persistent now"))
+    return out
+
+
+def _registered(module: nn.Module):
+    for path, m in module.named_modules(remove_duplicate=False):
+        prefix = f"{path}." if path else ""
+        for key, p in m._parameters.items():
+            yield prefix + key, p
+
+
+# ---- INV-INDEPENDENT ---------------------------------------------------------------------
+
+
+@dataclass
+class Bystander:
+    """A module sharing no tensor with the one operated on (an independent copy of it), and its
+    state when made."""
+
+    module: nn.Module
+    state: ModuleState
+
+
+def bystander(module: nn.Module) -> Bystander | None:
+    """A deep copy of ``module`` (no tensor shared), or None where torch cannot copy it."""
+    try:
+        other = copy.deepcopy(module)
+    except Exception:
+        return None
+    mine = {id(t) for t in named_tensors(module).values()}
+    if mine & {id(t) for t in named_tensors(other).values()}:
+        return None
+    return Bystander(other, module_state(other))
+
+
+def independent(before: Bystander | None) -> list[Violation]:
+    """``INV-INDEPENDENT``: the bystander is as it was made."""
+    if not before:
+        return []
+    return [Violation(INDEPENDENT, f"a module sharing no tensor with the operated one changed: "
+                                   f"{v.message}")
+            for v in _module_unchanged(before.state, before.module, INDEPENDENT)]
+
+
+# ---- INV-WORKING -------------------------------------------------------------------------
+
+
+def input_for(module: nn.Module) -> Tensor | None:
+    """A forward input for a module drawn by ``strategies.module_trees`` (a fixed float32
+    ``(BATCH, FEATURES)`` tensor); None for any other module (a host's: its input is its own)."""
+    try:
+        tree_info(module)
+    except KeyError:
+        return None
+    return torch.linspace(-2, 2, BATCH * FEATURES).reshape(BATCH, FEATURES)
+
+
+def works(module: nn.Module, x: Tensor | None) -> list[Violation]:
+    """``INV-WORKING``: ``module`` does what a fresh build in its state (a deep copy) does:
+    ``state_dict()`` runs; forward on ``x`` (None: no input known) raises where the copy's does
+    and gives its output; backward of it raises where the copy's does and gives its grads.
+    The module's values and grads are put back after (a lazy module, which a forward would
+    initialize, is not run)."""
+    out: list[Violation] = []
+    try:
+        module.state_dict()
+    except Exception as e:
+        out.append(Violation(WORKING, f"state_dict() raised {type(e).__name__}: {e}",
+                             code="module.state_dict() is not None"))
+    if x is None or any(isinstance(t, UninitializedTensorMixin)
+                        for t in named_tensors(module).values()):
+        return out
+    try:
+        fresh = _fresh(module)
+    except Exception:
+        return out
+    saved = [(t, _clone(t), t.grad, _clone(t.grad))
+             for t in {id(t): t for t in named_tensors(module).values()}.values()]
+    try:
+        mine = _run(module, x)
+    finally:
+        _restore(saved)
+    theirs = _run(fresh, x)
+    if theirs[0] is None:  # a fresh build runs: so must the module, and alike
+        if mine[0] is not None:
+            out.append(Violation(WORKING, f"forward/backward raised {type(mine[0]).__name__}: "
+                                          f"{mine[0]}, where a fresh build in its state runs"))
+        elif not _same(mine[1], theirs[1]):
+            out.append(Violation(WORKING, "forward differs from a fresh build's in the same state"))
+        elif not all(_same(a, b) for a, b in zip(mine[2], theirs[2], strict=True)):
+            out.append(Violation(WORKING, "backward's grads differ from a fresh build's in the "
+                                          "same state"))
+    return out
+
+
+def _run(module: nn.Module, x: Tensor) -> tuple[BaseException | None, Any, list]:
+    """``(error, output, grads)`` of a forward and a backward of ``out.float().sum()``, under a
+    fixed seed (dropout draws alike) and the RNG restored after."""
+    devices = {t.device.type for t in named_tensors(module).values()}
+    x = x.to("meta") if devices == {"meta"} else x.clone()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            torch.manual_seed(0)
+            result = module(x)
+            if isinstance(result, Tensor) and result.requires_grad and holds_values(result):
+                result.float().sum().backward()
+    except Exception as e:
+        return e, None, []
+    grads = [_clone(p.grad) if p.grad is not None else None
+             for _, p in sorted(module.named_parameters(remove_duplicate=False))]
+    return None, result, grads
+
+
+def _fresh(module: nn.Module) -> nn.Module:
+    """A module built fresh in ``module``'s state: a deep copy, given copies of the grads
+    (``Parameter.__deepcopy__`` leaves them out)."""
+    fresh = copy.deepcopy(module)
+    theirs = dict(fresh.named_parameters(remove_duplicate=False))
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if p.grad is not None and theirs[name].grad is None:
+            theirs[name].grad = p.grad.detach().clone()
+    return fresh
+
+
+def _clone(t: Tensor | None) -> Tensor | None:
+    return t.detach().clone() if isinstance(t, Tensor) and holds_values(t) else None
+
+
+def _restore(saved: list) -> None:
+    """Put back each tensor's values, its grad object and the grad's values."""
+    with torch.no_grad():
+        for t, values, grad, grad_values in saved:
+            for dst, src in ((t, values), (grad, grad_values)):
+                if src is not None and (dst.dtype, dst.shape, dst.device) == (
+                        src.dtype, src.shape, src.device):
+                    dst.copy_(src)
+            if t.grad is not grad:
+                t.grad = grad
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Tensors by ``same_values``; anything else by type (a forward's non-tensor output)."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        return same_values(a, b)
+    return type(a) is type(b)
+
+
+# ---- INV-STRICT-EXACT --------------------------------------------------------------------
+
+
+def call_extras(module: nn.Module, keys: Iterable[str]) -> list[str]:
+    """The keys of a functional call that address no slot: not a ``remove_duplicate=False``
+    name of a parameter or buffer (``None`` slots address nothing)."""
+    valid = set(named_tensors(module))
+    return sorted({k for k in keys if isinstance(k, str) and k not in valid})
+
+
+def load_extras(module: nn.Module, keys: Iterable[str]) -> list[str]:
+    """The keys of a load that address no slot: not a key of ``module.state_dict()``."""
+    valid = set(module.state_dict(keep_vars=True))
+    return sorted({k for k in keys if isinstance(k, str) and k not in valid})
+
+
+def strict_exact(extras: list[str], error: BaseException | None, reported: Any = None,
+                 *, strict: bool) -> list[Violation]:
+    """``INV-STRICT-EXACT``: with ``strict``, an error naming every key of ``extras``; without,
+    ``reported`` (the load's ``unexpected_keys``; None for a call, which reports nothing) holds
+    every one of them."""
+    if not extras:
+        return []
+    if strict:
+        if error is not None and "nexpected" not in str(error):
+            return []  # another error came first (a bad input): the strict report is not reached
+        if error is None:
+            return [Violation(STRICT_EXACT, f"strict accepted the keys {extras}, which address no "
+                                            "slot", code="error is not None")]
+        text = str(error)
+        missed = [k for k in extras if repr(k) not in text and f'"{k}"' not in text]
+        return [Violation(STRICT_EXACT, f"the strict error does not name {missed}")] if missed else []
+    if reported is None or error is not None:
+        return []
+    missed = [k for k in extras if k not in set(getattr(reported, "unexpected_keys", ()))]
+    return [Violation(STRICT_EXACT, f"unexpected_keys lacks {missed}",
+                      code=f"set({missed!r}) <= set(result.unexpected_keys)")] if missed else []

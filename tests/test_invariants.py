@@ -1,0 +1,99 @@
+"""The invariants of every operation (``swapspec.properties.models.invariants``) can fail: each
+planted target of ``tests/planted/broken_invariants.py`` breaks one, and its clause fires where
+a one-shot property calls the target (``harness.target_calls``) and, for one of them, after a
+sequence step (``SequenceMachine.after``). The reference keeps them all."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from swapspec import reference
+from swapspec.properties.harness.checker import Checker, ConformanceError
+from swapspec.properties.harness.target_calls import call_target, run_apply
+from swapspec.properties.harness.targets import from_object
+from swapspec.properties.models import invariants
+from swapspec.properties.models.apply_state import conversion_named
+from swapspec.properties.models.examples import Example
+from swapspec.properties.rules.sequence_machine import STATE, run_sequences
+from swapspec.strategies import FlagSetting, build_tree
+from swapspec.strategies.trees import LeafSpec, TensorSpec, TreeSpec
+from tests.planted import broken_invariants as planted
+
+
+@pytest.fixture(autouse=True)
+def _invariants_on(monkeypatch):
+    monkeypatch.setenv("SWAPSPEC_INVARIANTS", "1")
+
+
+SPEC = TreeSpec(seed=3, root=LeafSpec(tensors=(TensorSpec(name="p0"),
+                                               TensorSpec(name="b0", buffer=True))))
+
+
+def _apply_verdict(target, conversion: str = "double()") -> Checker:
+    """One apply on a fresh build of ``SPEC`` through the harness, judged (no property clause)."""
+    module = build_tree(SPEC)
+    c = conversion_named(conversion)
+    example = Example(module, conversion=c, flags=FlagSetting(False, False))
+    check = Checker("APPLY-VALUES", from_object(target), example)
+    run_apply(check.target, example, c.make_fn())
+    check.verdict()
+    return check
+
+
+@pytest.mark.parametrize("planted_target, clause", [
+    (planted.raise_after_change, invariants.RAISE_UNCHANGED),
+    (planted.buffer_to_parameter, invariants.KINDS),
+    (planted.global_cache, invariants.INDEPENDENT),
+    (planted.grad_hook_left, invariants.WORKING),
+])
+def test_an_apply_invariant_fires_on_its_planted_break(planted_target, clause):
+    with pytest.raises(ConformanceError) as caught:
+        _apply_verdict(planted_target)
+    assert clause in {v.clause for v in caught.value.violations}, str(caught.value)
+    assert f"[{clause}]" in str(caught.value)
+
+
+def test_the_reference_keeps_the_invariants_of_an_apply():
+    assert _apply_verdict(reference).violations == []
+
+
+def _strict_call(target) -> Checker:
+    module = build_tree(SPEC)
+    tensors = {"p0": module.p0.detach() + 1, "nope": module.p0.detach(), "also.nope": module.p0}
+    example = Example(module)
+    check = Checker("FC-STRICT", from_object(target), example)
+    with pytest.raises(RuntimeError):
+        call_target(check.target, module, tensors, (build_tree(SPEC).p0,), {}, strict=True)
+    return check
+
+
+def test_strict_exact_fires_where_the_strict_error_misses_a_key():
+    check = _strict_call(planted.strict_misses_key)
+    assert [v.clause for v in check.violations] == [invariants.STRICT_EXACT]
+    assert "'nope'" in check.violations[0].message
+
+
+def test_the_reference_names_every_unexpected_key():
+    assert _strict_call(reference).violations == []
+
+
+def test_unexpected_keys_of_a_load_must_name_every_extra_key():
+    module = build_tree(SPEC)
+
+    class Result:
+        unexpected_keys = ["x"]
+
+    assert invariants.strict_exact(invariants.load_extras(module, ["p0", "x", "y"]), None, Result(),
+                                   strict=False)[0].clause == invariants.STRICT_EXACT
+    assert invariants.load_extras(module, list(module.state_dict())) == []
+
+
+def test_a_sequence_step_checks_the_invariants():
+    """The after-step hook: the planted buffer-to-parameter conversion fails a sequence on
+    INV-KINDS."""
+    quick = settings(max_examples=30, stateful_step_count=4, deadline=None, database=None,
+                     phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    with pytest.raises(ConformanceError) as caught:
+        run_sequences(from_object(planted.buffer_to_parameter), STATE, settings_=quick)
+    assert f"[{invariants.KINDS}]" in str(caught.value)
