@@ -97,3 +97,20 @@ def test_a_sequence_step_checks_the_invariants():
     with pytest.raises(ConformanceError) as caught:
         run_sequences(from_object(planted.buffer_to_parameter), STATE, settings_=quick)
     assert f"[{invariants.KINDS}]" in str(caught.value)
+
+
+@pytest.mark.parametrize(("chosen", "reference_on", "torch_on"),
+                         [(None, True, False), ("1", True, True), ("0", False, False)])
+def test_invariants_are_on_for_the_reference_and_chosen_by_the_environment(
+        monkeypatch, chosen, reference_on, torch_on):
+    """Rule: unset, the target's ``invariants`` field decides (on for the reference, off for
+    torch's targets); ``SWAPSPEC_INVARIANTS`` decides for every target when set."""
+    from swapspec.properties.harness.targets import builtin_target
+
+    if chosen is None:
+        monkeypatch.delenv("SWAPSPEC_INVARIANTS", raising=False)
+    else:
+        monkeypatch.setenv("SWAPSPEC_INVARIANTS", chosen)
+    assert invariants.enabled(builtin_target("reference")) is reference_on
+    assert invariants.enabled(builtin_target("torch")) is torch_on
+    assert invariants.enabled(builtin_target("torch-stateless")) is torch_on

@@ -223,7 +223,7 @@ def _applies(deviation: Deviation, example: Any) -> bool:
 def after_property(check: Checker) -> list[Violation]:
     """``INV-INDEPENDENT`` and ``INV-WORKING`` at the end of a one-shot property (the module's
     own state is the property's no more: the forward and backward run on it)."""
-    if not invariants.enabled():
+    if not invariants.enabled(check.target):
         return []
     out = invariants.independent(check.bystander)
     module = getattr(check.example, "module", None)

@@ -95,7 +95,7 @@ def watched(call: Callable[[], Any], module: nn.Module, *, mappings: tuple = (),
     an error raised once the forward began is the forward's, and what the forward changed on
     the way is its own business, not the call's."""
     check = checker.current()
-    if check is None or _DEPTH[0] or not invariants.enabled():
+    if check is None or _DEPTH[0] or not invariants.enabled(check.target):
         return attempt(call)
     if check.bystander is None:  # made before the example's first call, once
         check.bystander = invariants.bystander(module) or False

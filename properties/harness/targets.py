@@ -109,6 +109,9 @@ class Target:
     exact_messages: bool = False
     methods: Any = None  # nn.Module's public methods; see the module docstring
     coverage_modules: tuple[str, ...] = ()  # --swapspec-coverage's scope; () = its own module
+    # The five invariants of every operation (``models.invariants``) are checked on this target;
+    # ``SWAPSPEC_INVARIANTS=1``/``0`` turns them on/off for every target.
+    invariants: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lacks", frozenset(self.lacks))
@@ -237,7 +240,7 @@ STATELESS_SKIPS = {
 def builtin_target(name: str) -> Target:
     """The built-in target called ``name``."""
     if name == "reference":  # swapspec's own: it keeps torch's wording, and is held to it
-        return dataclasses.replace(from_object(reference), exact_messages=True)
+        return dataclasses.replace(from_object(reference), exact_messages=True, invariants=True)
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS

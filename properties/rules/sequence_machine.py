@@ -44,7 +44,6 @@ import copy
 import functools
 import gc
 import random
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -62,18 +61,40 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from torch import Tensor, nn
-from torch._C._functorch import is_batchedtensor
 
 from swapspec import reference
 from swapspec.properties.harness import sequence_repro as repro
-from swapspec.properties.harness.checker import OBSERVED
 from swapspec.properties.harness.sequence_replay import REPLAY
 from swapspec.properties.harness.step_checker import StepCheck
-from swapspec.properties.models import invariants
-from swapspec.properties.models.apply_state import conversion_named, same_metadata
-from swapspec.properties.models.examples import StepExample, named_tensors, same_values
-from swapspec.properties.models.module_model import LR, UNNAMED, ModuleModel, Prediction
+from swapspec.properties.models.apply_state import conversion_named
+from swapspec.properties.models.examples import StepExample, named_tensors
+from swapspec.properties.models.module_model import LR, ModuleModel, Prediction
 from swapspec.properties.models.outcomes import Outcome, attempt
+from swapspec.properties.rules.sequence_checks import (
+    FORWARD,
+    HOOKS,
+    OPTIMIZER,
+    STATE,
+    check_hooks,
+    check_optimizer,
+    check_state,
+    step_invariants,
+    step_snapshot,
+)
+from swapspec.properties.rules.sequence_values import (
+    agrees,
+    count_hooks,
+    given_value,
+    load_value,
+    no_grad_forward,
+    own_copy,
+    run_backward,
+    shifted,
+    shown,
+    slot_owner,
+    trainable,
+    vmapped_call,
+)
 from swapspec.properties.vocabulary import Violation
 from swapspec.strategies import (
     CallInput,
@@ -85,9 +106,6 @@ from swapspec.strategies import (
 )
 from swapspec.strategies.decorations import OLD_STYLE
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS
-
-STATE, FORWARD, HOOKS, OPTIMIZER = "SEQ-STATE", "SEQ-FORWARD", "SEQ-HOOKS", "SEQ-OPTIMIZER"
-
 
 # Conversions a module goes through in a life on CPU: casts, moves, to_empty after a meta move.
 SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch.float64)",
@@ -129,9 +147,6 @@ palettes = st.lists(st.sampled_from([*(conversion_named(n) for n in SEQUENCE_CON
 trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())
 
 
-# Steps that call the module functionally: a slot they leave holding another object or other
-# values is ``not-restored`` (FC-RESTORE's clause).
-CALL_STEPS = ("functional_call", "vmap")
 
 
 # Copies a vmap step stacks, each the slot's values shifted 0, 1 or 2 times (``given_value``).
@@ -450,7 +465,7 @@ class SequenceMachine(RuleBasedStateMachine):
         kinds = ["zero-grad"]
         if not self.model.poisoned:
             kinds.insert(0, "backward")
-        if _trainable(self.model):
+        if trainable(self.model):
             kinds += ["register-hooks", "optimizer-step" if self.opt is not None
                       else "build-optimizer"]
         kind = data.draw(st.sampled_from(kinds), label="training step")
@@ -486,7 +501,7 @@ class SequenceMachine(RuleBasedStateMachine):
         self.after(check, Prediction(error=prediction.error), outcome, lines)
 
     def build_optimizer(self) -> None:
-        indices = _trainable(self.model)
+        indices = trainable(self.model)
         named = named_tensors(self.module)
         params = [named[self.model.tensors[i].names[0]] for i in indices]
         names = [self.model.tensors[i].names[0] for i in indices]
@@ -514,7 +529,7 @@ class SequenceMachine(RuleBasedStateMachine):
                    [f"module.zero_grad(set_to_none={set_to_none})"])
 
     def register_hooks(self, data: st.DataObject) -> None:
-        candidates = _trainable(self.model)
+        candidates = trainable(self.model)
         index = data.draw(st.sampled_from(candidates), label="parameter")
         name, key = self.model.tensors[index].names[0], f"h{len(self.model.hooks) // 2}"
         check = self.begin("register_hooks")
@@ -581,7 +596,7 @@ class SequenceMachine(RuleBasedStateMachine):
         check.that(global_state() == self.start, "global-state",
                    f"step {step!r} changed global state (flags, default dtype, grad mode or RNG)",
                    code="global_state() == start")
-        check.violations += step_invariants(self, outcome)
+        check.violations += step_invariants(self, step, outcome)
         symptoms = copy.copy(check)
         symptoms.violations = []
         if self.property_id != STATE and check.declared:
@@ -621,8 +636,8 @@ class SequenceMachine(RuleBasedStateMachine):
         want = (f"same(forward(module, x), {repro.tensor_code(prediction.result)})"
                 if prediction.error is None else "False  # the model's forward raised")
         check.that(agrees(outcome, prediction), "stale-forward",
-                   f"forward {_shown(outcome)}, but a fresh build holding the model's values "
-                   f"{_shown(prediction)}", code=want)
+                   f"forward {shown(outcome)}, but a fresh build holding the model's values "
+                   f"{shown(prediction)}", code=want)
         resync = check.verdict(self.script)
         self.judged = not check.shown
         self.steps.append(["forward(module, x)  # the forward check"])
@@ -635,234 +650,6 @@ class SequenceMachine(RuleBasedStateMachine):
         *done, last = self.steps
         asserts = [f"assert {v.code}, {v.message!r}" for v in violations]
         return repro.script(self.target, self.build_lines, [*done, last], asserts)
-
-
-# ---- the invariants of every step (``models.invariants``) ----------------------------
-def step_snapshot(machine: SequenceMachine, step: str, example: dict) -> Any:
-    """Before a step: the world, the kinds and (at the build) the bystander, an independent
-    copy of the module that no later step may touch."""
-    if not invariants.enabled():
-        return None
-    if step == "build" or machine.module is None:
-        machine.bystander = invariants.bystander(machine.module) if machine.module else None
-        return None
-    load = example.get("load")
-    mappings = (load.state_dict,) if load is not None else (
-        (example["call"].tensors,) if example.get("call") is not None else ())
-    return (invariants.world([machine.module], mappings), invariants.kinds(machine.module),
-            load)
-
-
-def step_invariants(machine: SequenceMachine, outcome: Outcome) -> list[Violation]:
-    """After a step: INV-RAISE-UNCHANGED where it raised, else INV-KINDS and INV-WORKING (on a
-    copy: the model holds the module's grads and hook counts); INV-INDEPENDENT always."""
-    found = invariants.independent(getattr(machine, "bystander", None))
-    before = getattr(machine, "invariants_before", None)
-    if before is None:
-        return found
-    world, kinds, load = before
-    if outcome.error is not None:
-        return found + invariants.unchanged(world)
-    # a requires_grad_ step sets requires_grad (``after`` has put it last in the trail)
-    # (a tie or an untie puts another parameter in a slot: its own class, attributes and
-    # requires_grad)
-    last = machine.trail[-1][0] if machine.trail else ""
-    found += invariants.kinds_kept(kinds, machine.module,
-                                   requires_grad=last not in ("requires_grad", "tie", "untie"),
-                                   classes=not (load and load.assign) and last not in ("tie", "untie"))
-    try:
-        copied = copy.deepcopy(machine.module)
-    except Exception:
-        return found
-    return found + invariants.works(copied, machine.x)
-
-
-# ---- the invariants ------------------------------------------------------------------
-def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: str) -> None:
-    """SEQ-STATE: names, objects, ties, class, attributes, requires_grad, values and grads.
-
-    After a functional call (``CALL_STEPS``) the object and value clauses are ``not-restored``
-    (FC-RESTORE's). A slot left holding a batched tensor that escaped a vmapped function (on
-    which every use raises) breaks the object clause, and nothing more of it is read."""
-    named = named_tensors(module)
-    moved = "not-restored" if step in CALL_STEPS else "object-changed"
-    for state in model.tensors:
-        first = state.names[0]
-        if not check.that(all(n in named for n in state.names), "slot-missing",
-                          f"names {list(state.names)} are not all registered",
-                          code=f"all(n in named(module) for n in {list(state.names)!r})"):
-            continue
-        now = named[first]
-        if not check.that(not is_batchedtensor(now), moved,
-                          f"{first!r} holds a batched tensor escaped from vmap",
-                          code=f"not torch._C._functorch.is_batchedtensor(named(module)[{first!r}])"):
-            continue
-        kind = "parameter" if state.parameter else "buffer"
-        for other in state.names[1:]:
-            check.that(named[other] is now, f"{kind}-tie-split",
-                       f"tied {kind} names {first!r} and {other!r} hold two objects",
-                       code=f"named(module)[{first!r}] is named(module)[{other!r}]")
-        if state.obj is not None:
-            check.that(now is state.obj, moved, f"{first!r} holds another object, where the "
-                       "path promised the same one", code=f"named(module)[{first!r}] is before[{first!r}]")
-        code = f"named(module)[{first!r}]"
-        if state.parameter:
-            check.that(type(now) is state.cls, "class",
-                       f"{first!r} is a {type(now).__name__}, not a {state.cls.__name__}",
-                       code=f"type({code}).__name__ == {state.cls.__name__!r}")
-            check.that(all(getattr(now, a, None) == v for a, v in (state.attributes or {}).items()),
-                       "attributes", f"{first!r} lost its attributes {sorted(state.attributes or {})}",
-                       code=f"all(getattr({code}, a, None) == v for a, v in "
-                            f"{state.attributes!r}.items())")
-            check.that(now.requires_grad == state.requires_grad, "requires-grad",
-                       f"{first!r} requires_grad is {now.requires_grad}",
-                       code=f"{code}.requires_grad == {state.requires_grad}")
-        check.that(_matches(now, state.value, state.values_known),
-                   "not-restored" if step in CALL_STEPS else "value",
-                   f"{first!r} is {_describe(now)}, the model says {_describe(state.value)}",
-                   code=f"same({code}, {repro.tensor_code(state.value)})" if state.values_known
-                   else f"{code}.dtype == {state.value.dtype}")
-        if state.parameter and state.values_known:
-            _check_grad(check, state, now, code)
-
-
-def _check_grad(check: StepCheck, state: Any, now: Tensor, code: str) -> None:
-    grad = now.grad
-    if state.grad is None:
-        check.that(grad is None, "grad-value", f"{state.names[0]!r} has a grad the model does not",
-                   code=f"{code}.grad is None")
-        return
-    if check.that(grad is not None, "grad-lost", f"{state.names[0]!r} lost its grad",
-                  code=f"{code}.grad is not None"):
-        check.that(_matches(grad, state.grad, True), "grad-value",
-                   f"{state.names[0]!r}.grad is {_describe(grad)}, the model says "
-                   f"{_describe(state.grad)}", code=f"same({code}.grad, {repro.tensor_code(state.grad)})")
-
-
-def _matches(actual: Tensor, expected: Tensor, values: bool) -> bool:
-    return same_values(actual, expected) if values else same_metadata(actual, expected)
-
-
-def check_hooks(check: StepCheck, model: ModuleModel, fired: Counter, target: Any) -> None:
-    """SEQ-HOOKS: each hook fired as often as the model says. A hook a declared deviation may
-    have lost is not held to it; a difference there counts as that deviation."""
-    for hook in model.hooks:
-        if hook.checked:
-            check.that(fired[hook.key] == hook.fired, "hook-count",
-                       f"hook {hook.key!r} fired {fired[hook.key]} time(s), the model says "
-                       f"{hook.fired}", code=f"fired[{hook.key!r}] == {hook.fired}")
-        elif fired[hook.key] != hook.fired:
-            OBSERVED[(HOOKS, target.name, "hook-lost-declared")] += 1
-            hook.fired = fired[hook.key]
-
-
-def check_optimizer(check: StepCheck, model: ModuleModel, module: nn.Module,
-                    opt: torch.optim.Optimizer | None) -> None:
-    """SEQ-OPTIMIZER: every entry the model still holds is the module's parameter (a stale
-    entry and one whose tensor no name holds any more, ``UNNAMED``, are not held to it)."""
-    if opt is None or model.optimizer is None:
-        return
-    named = named_tensors(module)
-    held = opt.param_groups[0]["params"]
-    for position, index in enumerate(model.optimizer):
-        if index is None or index == UNNAMED:
-            continue
-        name = model.tensors[index].names[0]
-        check.that(held[position] is named.get(name), "optimizer-stale",
-                   f"the optimizer's entry {position} is not {name!r}, where the path promised "
-                   "identity", code=f"opt.param_groups[0]['params'][{position}] is named(module)[{name!r}]")
-
-
-# ---- helpers -------------------------------------------------------------------------
-def _trainable(model: ModuleModel | None) -> list[int]:
-    """Indices of the parameters that require grad (an optimizer's and a hook's choice)."""
-    return [] if model is None else [i for i, t in enumerate(model.tensors)
-                                     if t.parameter and t.requires_grad]
-
-
-def agrees(outcome: Outcome, prediction: Prediction) -> bool:
-    """Both raised the same exception type, or both returned equal tensors."""
-    if outcome.error is not None or prediction.error is not None:
-        return type(outcome.error) is prediction.error
-    return same_values(outcome.result.detach(), prediction.result)
-
-
-def load_value(value: Tensor, kind: str) -> Tensor:
-    """A load's value for a slot now holding ``value`` (see ``LOAD_KINDS``)."""
-    new = given_value(value)
-    return new.double() if kind == "float64" and new.is_floating_point() else new
-
-
-def shifted(value: Tensor, times: int) -> Tensor:
-    """``value`` through ``given_value`` ``times`` times (0: a copy of it)."""
-    out = value.detach().clone()
-    for _ in range(times):
-        out = given_value(out)
-    return out
-
-
-def own_copy(t: Tensor) -> Tensor:
-    """What untie puts in a slot: ``nn.Parameter(t.detach().clone(), requires_grad=...)`` for a
-    parameter, ``t.detach().clone()`` for a buffer."""
-    if isinstance(t, nn.Parameter):
-        return nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
-    return t.detach().clone()
-
-
-def slot_owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
-    """The submodule holding slot ``name``, and the slot's key in it."""
-    prefix, _, key = name.rpartition(".")
-    return module.get_submodule(prefix), key
-
-
-def given_value(value: Tensor) -> Tensor:
-    """A tensor of ``value``'s dtype and shape with other values (for calls and loads)."""
-    v = value.detach()
-    if v.device.type == "meta":
-        return torch.empty_like(v)
-    if v.dtype == torch.bool:
-        return ~v
-    return (v + (0.5 if v.is_floating_point() or v.is_complex() else 1)).clone()
-
-
-def vmapped_call(target: Any, module: nn.Module, stacked: dict[str, Tensor], x: Tensor) -> Tensor:
-    """``torch.func.vmap`` of ``target.functional_call(module, p, (x,), {})`` over the stacked
-    tensors' first dimension, ``x`` unbatched (a batching rule's fallback warning silenced)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
-        return torch.func.vmap(lambda p, inputs: target.functional_call(module, p, (inputs,), {}),
-                               in_dims=(0, None))(stacked, x.clone())
-
-
-def run_backward(module: nn.Module, x: Tensor, create_graph: bool) -> None:
-    with torch.enable_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # create_graph=True warns of a cycle
-        out = module(x.clone())
-        if out.requires_grad:
-            out.float().sum().backward(create_graph=create_graph)
-
-
-def no_grad_forward(module: nn.Module, x: Tensor) -> Tensor:
-    with torch.no_grad():
-        return module(x.clone())
-
-
-def count_hooks(param: Tensor, key: str, fired: Counter) -> None:
-    param.register_hook(lambda g: fired.update([f"{key}:hook"]))
-    param.register_post_accumulate_grad_hook(lambda p: fired.update([f"{key}:post-accumulate"]))
-
-
-def _describe(t: Any) -> str:
-    if isinstance(t, Tensor):
-        return f"{type(t).__name__}({t.dtype}, {t.device}, shape={tuple(t.shape)})"
-    return repr(t)
-
-
-def _shown(outcome: Any) -> str:
-    if outcome.error is not None:
-        error = outcome.error
-        return f"raised {error.__name__ if isinstance(error, type) else type(error).__name__}"
-    return f"returned {_describe(outcome.result)}"
 
 
 def sequence_settings() -> settings:
