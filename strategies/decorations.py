@@ -1,7 +1,7 @@
 """Decorations torch itself provides, applied to a built tree: parametrizations, old-style hook
 reparametrizations, pruning, tensor hooks and module hooks.
 
-A :class:`DecorationSpec` is pure data (part of a :class:`~strategies.trees.TreeSpec`), applied by
+A :class:`DecorationSpec` is pure data (part of a :class:`~strategies.tree_spec.TreeSpec`), applied by
 :func:`decorate` after the tree's ties and shares. Rules:
 
 * Parametrizations (``torch.nn.utils.parametrize``): ``weight_norm``, ``spectral_norm`` and

@@ -15,11 +15,13 @@ import torch
 from torch import nn
 
 from swapspec import reference
-from swapspec.properties.declarations.torch_load import (
-    assign_keeps_a_slot_given_itself,
-    assign_keeps_tied_own_data,
+from swapspec.properties.declarations.torch_load_failures import (
     refused_on_a_succeeding_load,
     rnn_swap_refused,
+)
+from swapspec.properties.declarations.torch_load_objects import (
+    assign_keeps_a_slot_given_itself,
+    assign_keeps_tied_own_data,
 )
 from swapspec.properties.models.examples import Example, named_tensors
 from swapspec.properties.models.load_examples import (

@@ -41,7 +41,7 @@ from swapspec.strategies.conversions import (
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 from swapspec.strategies.state_dicts import state_dicts, swap_refused
 from swapspec.strategies.torch_modules import CatalogueLeaf
-from swapspec.strategies.tree_draws import _with_none_slot
+from swapspec.strategies.tree_needs import with_none_slot
 from swapspec.strategies.trees import (
     BLOCK_NAMES,
     ContainerSpec,
@@ -455,7 +455,7 @@ def test_a_full_block_root_gets_the_needed_leaf_beside_it() -> None:
     goes into a Sequential beside the added leaf (a random run once drew such a tree without
     it)."""
     full = ContainerSpec("Block", (LeafSpec(kind="BatchNorm1d"),) * len(BLOCK_NAMES))
-    root = _with_none_slot(full)
+    root = with_none_slot(full)
     assert isinstance(root, ContainerSpec) and root.kind == "Sequential"
     assert root.children[0] == full
     assert _has_none_slot(build_tree(TreeSpec(root=root)))

@@ -206,5 +206,5 @@ def conversion_named(name: str):
 
 
 # Percent of the untrained trees of the conversion, FC-* and TOGETHER-* properties built in a
-# tensor world (meta, TwoTensor parameters; see strategies.trees.move_to_world).
+# tensor world (meta, TwoTensor parameters; see strategies.tree_worlds.move_to_world).
 WORLD_CHANCE = 10

@@ -291,7 +291,7 @@ _WORLD_CONVERTERS = {
 
 
 def _world_lines(world: str) -> list[str]:
-    """Plain-torch lines that do what ``strategies.trees.move_to_world`` does."""
+    """Plain-torch lines that do what ``strategies.tree_worlds.move_to_world`` does."""
     if not world:
         return []
     return [f"# built in the {world!r} world: every slot rebound, one object per tie, RNNs re-flattened",

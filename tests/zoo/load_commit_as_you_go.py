@@ -3,7 +3,7 @@
 Origin: torch's ``load_state_dict`` (every release to 2.13): ``_load_from_state_dict`` copies,
 assigns or swaps each key as it goes and only collects the errors, so a size mismatch or a
 missing key raises after every other key was loaded. Declared for the torch target as
-``writes_before_failing`` in ``properties/declarations/torch_load.py``. Everything else here is
+``writes_before_failing`` in ``properties/declarations/torch_load_failures.py``. Everything else here is
 the reference's: its traversal, paths, ties and messages.
 """
 

@@ -1,0 +1,210 @@
+"""Facts about torch's ``nn.Module.load_state_dict`` when a load fails or is refused: which keys it
+writes, which swaps it refuses, and what a load that raises has already written.
+
+Predicates of one example (its module and drawn state dict, before the call), read by the ``LOAD-``
+declarations (``declarations.torch_load``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
+
+from swapspec.properties.models.apply_state import _swappable
+from swapspec.properties.models.examples import named_tensors
+from swapspec.properties.models.load_examples import (
+    conflicting_groups,
+    equal_values,
+    fits,
+    key_model,
+)
+from swapspec.strategies import tree_info
+
+
+def own_state(example: Any) -> dict[str, Any]:
+    """The module's state dict holding its own tensors (``keep_vars=True``)."""
+    return example.module.state_dict(keep_vars=True)
+
+
+def torch_writes(example: Any) -> list[tuple[str, Tensor, Any]]:
+    """(key, slot, value) for every key torch writes: a tensor-like value that fits its slot."""
+    own, given = own_state(example), example.load.state_dict
+    return [(k, own[k], v) for k, v in given.items()
+            if isinstance(own.get(k), Tensor) and fits(own[k], v)]
+
+
+def torch_refused(example: Any) -> set[int]:
+    """Ids of the module's parameters and buffers ``swap_tensors`` refuses now, probed on a
+    fresh build of the tree (the build replays its training): an old-style reparametrization's
+    computed attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
+    spectral_norm's and prune's ``_orig``, prune's mask; a ``backward()`` frees it), or a
+    grad's graph. A module the tree builder did not build (a sequence's deep copy) has no
+    fresh build to probe: nothing counts as refused. Cached on the example."""
+    cached = example.__dict__.get("_torch_refused")
+    if cached is None:
+        cached = example.__dict__["_torch_refused"] = _probe_refused(example.module)
+    return cached
+
+
+def _probe_refused(module: nn.Module) -> set[int]:
+    """A tensor where the fresh build has it on the same device is probed on the build; one the
+    module has since moved (``XLA-LOAD-INTO`` moves it to XLA; the build's autograd state says
+    nothing about it then) is probed in place, swapped with a copy and straight back."""
+    try:
+        info = tree_info(module)
+    except KeyError:  # not built by strategies.build_tree
+        return set()
+    if info is None:
+        return set()
+    copy = info.build()  # kept alive: its computed attributes hold the graphs that refuse
+    built = named_tensors(copy)
+    refused = set()
+    for name, t in named_tensors(module).items():
+        if is_lazy(t):
+            continue
+        probe = built.get(name)
+        if probe is None:
+            continue
+        if not _swappable_now(probe if probe.device == t.device else t):
+            refused.add(id(t))
+    return refused
+
+
+def _swappable_now(t: Tensor) -> bool:
+    """Whether ``swap_tensors`` takes ``t`` (swapped with a copy and straight back)."""
+    if isinstance(t, nn.Parameter):
+        return _swappable(t)
+    probe = t.detach().clone()
+    try:
+        torch.utils.swap_tensors(t, probe)
+    except RuntimeError:
+        return False
+    torch.utils.swap_tensors(t, probe)
+    return True
+
+
+def spec_fails(example: Any) -> bool:
+    """The spec's load of the example fails (a bad value, a conflict, or strict and bad keys)."""
+    return key_model(example.module, example.load.state_dict).fails(example.load.strict)
+
+
+def swap_refused_by_torch(example: Any) -> bool:
+    """Under the swap flag, torch refuses a written parameter an old-style reparametrization holds."""
+    if not example.load.swap:
+        return False
+    refused = torch_refused(example)
+    return any(id(slot) in refused for _, slot, _ in torch_writes(example))
+
+
+def refused_on_a_succeeding_load(example: Any) -> bool:
+    """The load would succeed, but torch refuses a swap (``swap_refused_by_torch``) of a
+    parameter that is not an RNN's (those are ``rnn_swap_refused``)."""
+    if not example.load.swap or spec_fails(example):
+        return False
+    refused, rnn = torch_refused(example), _rnn_parameters(example)
+    return any(id(slot) in refused and id(slot) not in rnn for _, slot, _ in torch_writes(example))
+
+
+def rnn_swap_refused(example: Any) -> bool:
+    """Under the swap flag torch refuses every written parameter of an RNN (``nn.RNNBase``:
+    RNN, LSTM, GRU): the module keeps weak references to them (``_flat_weight_refs``), which
+    ``swap_tensors`` refuses; the spec drops them for the load (rule 9)."""
+    if not example.load.swap:
+        return False
+    rnn = _rnn_parameters(example)
+    return any(id(slot) in rnn for _, slot, _ in torch_writes(example))
+
+
+def _rnn_parameters(example: Any) -> set[int]:
+    return {id(p) for m in example.module.modules() if isinstance(m, nn.RNNBase)
+            for p in m._parameters.values() if p is not None}
+
+
+def refused_with_conflict(example: Any) -> bool:
+    """Tied names given different values, and torch raises for a refused swap after writing."""
+    return (swap_refused_by_torch(example) and bool(conflicting_groups(
+        example.module, example.load.state_dict)) and writes_before_failing(example))
+
+
+def writes_before_failing(example: Any) -> bool:
+    """torch writes every fitting key even when the load then raises, and some write shows:
+    a swap (a new TensorImpl; if torch refuses it, the values ``module_load`` copied in first,
+    without ``assign``), an
+    assign (a new object in the slot), or copies that leave other values (``_copies_show``)."""
+    load = example.load
+    if not spec_fails(example):
+        return False
+    refused = torch_refused(example) if load.swap else set()
+    for _, slot, value in torch_writes(example):
+        if load.swap and (id(slot) not in refused
+                          or (not load.assign and not _copy_keeps(slot, value))):
+            return True  # a refused swap still shows module_load's copy_ (not with assign)
+        if not load.swap and load.assign and value is not slot:
+            return True
+    return not load.swap and not load.assign and _copies_show(example)
+
+
+def _copies_show(example: Any) -> bool:
+    """On the copy path each slot object ends with the last value copied into it that is not
+    an alias of it (copying an alias copies what the slot holds by then); it shows when that
+    value differs from the slot's own."""
+    finals: dict[int, tuple[Tensor, Any]] = {}
+    for _, slot, value in torch_writes(example):
+        if not _aliases(value, slot):
+            finals[id(slot)] = (slot, value)
+    return any(not _copy_keeps(slot, value) for slot, value in finals.values())
+
+
+def _aliases(value: Any, slot: Tensor) -> bool:
+    return (isinstance(value, Tensor) and value.device == slot.device and not is_lazy(slot)
+            and bool(torch._C._is_alias_of(value, slot)))
+
+
+def vectors_for_scalars(example: Any) -> list[str]:
+    """Keys whose slot is 0-dim and whose value is 1-dim of length 2 or more: torch before
+    pytorch #165873's fix loads ``value[0]`` into the slot instead of reporting a size mismatch."""
+    own, given = own_state(example), example.load.state_dict
+    return [k for k, v in given.items() if isinstance(own.get(k), Tensor) and not is_lazy(own[k])
+            and own[k].dim() == 0 and torch.overrides.is_tensor_like(v) and v.dim() == 1
+            and v.shape[0] >= 2]
+
+
+def scalar_takes_first_element(example: Any) -> bool:
+    """Such a key (``vectors_for_scalars``) was the load's only failure, so torch does not
+    raise, or torch's write of ``value[0]`` shows (another object, another TensorImpl, or
+    other values)."""
+    keys = vectors_for_scalars(example)
+    if not keys:
+        return False
+    load = example.load
+    model = key_model(example.module, load.state_dict)
+    only_these = (set(model.bad_values) <= set(keys) and not model.conflicts
+                  and not (load.strict and (model.missing or model.unexpected)))
+    own = own_state(example)
+    return only_these or load.swap or load.assign or any(
+        not _copy_keeps(own[k], load.state_dict[k][0]) for k in keys)
+
+
+def _copy_keeps(slot: Tensor, value: Tensor) -> bool:
+    """``slot.copy_(value)`` leaves the slot's values as they are."""
+    if slot.is_meta or value.is_meta:
+        return True
+    cast = value.detach().to(dtype=slot.dtype, device=slot.device)
+    return equal_values(slot.detach().cpu(), cast.cpu())
+
+
+def conflict_only(example: Any) -> bool:
+    """Tied names given different values are the load's only failure (and no swap is refused)."""
+    model = key_model(example.module, example.load.state_dict)
+    others = model.bad_values or (example.load.strict and (model.missing or model.unexpected))
+    return bool(model.conflicts) and not others and not swap_refused_by_torch(example)
+
+
+def conflict_and_other_error(example: Any) -> bool:
+    """Tied names given different values, and the load fails for another reason too."""
+    model = key_model(example.module, example.load.state_dict)
+    return bool(model.conflicts) and model.fails(example.load.strict) and not conflict_only(example)
+
