@@ -100,11 +100,11 @@ def test_a_sequence_step_checks_the_invariants():
 
 
 @pytest.mark.parametrize(("chosen", "reference_on", "torch_on"),
-                         [(None, True, False), ("1", True, True), ("0", False, False)])
+                         [(None, True, True), ("1", True, True), ("0", False, False)])
 def test_invariants_are_on_for_the_reference_and_chosen_by_the_environment(
         monkeypatch, chosen, reference_on, torch_on):
-    """Rule: unset, the target's ``invariants`` field decides (on for the reference, off for
-    torch's targets); ``SWAPSPEC_INVARIANTS`` decides for every target when set."""
+    """Rule: unset, the target's ``invariants`` field decides (on for the built-in targets, off
+    for a host's unless it sets it); ``SWAPSPEC_INVARIANTS`` decides for every target when set."""
     from swapspec.properties.harness.targets import builtin_target
 
     if chosen is None:
@@ -114,3 +114,5 @@ def test_invariants_are_on_for_the_reference_and_chosen_by_the_environment(
     assert invariants.enabled(builtin_target("reference")) is reference_on
     assert invariants.enabled(builtin_target("torch")) is torch_on
     assert invariants.enabled(builtin_target("torch-stateless")) is torch_on
+    host = from_object(reference)
+    assert invariants.enabled(host) is (chosen == "1")

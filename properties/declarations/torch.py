@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from swapspec.properties.declarations.torch_apply import (
              bad_argument_unchecked,
+             commits_before_its_raise,
              commits_before_raising,
              converts_before_refused_swap,
              converts_some_tensor_twice,
@@ -32,6 +33,7 @@ from swapspec.properties.declarations.torch_apply import (
              requires_grad_on_uninitialized,
              rnn_weight_swapped_elsewhere,
              shared_grad_swapped,
+             split_tie_shares_grad,
              split_tied_buffer_shares_storage,
              swap_ignores_new_hooks,
              swap_ignores_new_hooks_unless_norm_raises,
@@ -299,7 +301,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "class P(nn.Parameter): pass; m = nn.Linear(2, 2); m.weight = P(m.weight.detach()); "
         "torch.__future__.set_overwrite_module_params_on_conversion(True); m.float()"),
     Deviation(
-        "APPLY-PARAMETER-IDENTITY", drops_parameter_class, ("class", "attributes"),
+        "APPLY-PARAMETER-IDENTITY", drops_parameter_class, ("class", "attributes", "INV-KINDS"),
         "The swap and overwrite paths rebuild a plain `Parameter(fn(p), requires_grad)`: "
         "Parameter subclasses (and lazy modules' UninitializedParameter) and instance "
         "attributes are lost. Repro: p = nn.Parameter(torch.ones(2)); p.tag = 'x'; "
@@ -312,6 +314,24 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m.a = nn.Parameter(torch.ones(2)); m.b = m.a; "
         "torch.__future__.set_overwrite_module_params_on_conversion(True); m.double(); "
         "assert m.a is m.b  # fails"),
+    Deviation(
+        APPLY_IDS, commits_before_its_raise, "INV-RAISE-UNCHANGED", always=False, reason=
+        "Where _apply raises on a tensor (a Parameter subclass fn returns unchanged on the swap "
+        "or overwrite path, a grad that carries a graph, ...) it keeps the tensors it converted "
+        "before it. Repro: m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)); "
+        "class Tagged(nn.Parameter): pass; m[1].weight = Tagged(m[1].weight.detach().double()); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.double() raises "
+        "RuntimeError, and m[0].weight.dtype is float64"),
+    Deviation(
+        APPLY_IDS, split_tie_shares_grad, "INV-WORKING", always=False, reason=
+        "On the overwrite path a tied parameter with a grad becomes two Parameters that share "
+        "one grad tensor (fn(grad) is the grad itself where fn keeps its dtype), so a backward "
+        "adds both parameters' grads into it: the module's grads differ from a fresh build's "
+        "with two parameters. Repro: m = nn.Module(); m.a = nn.Parameter(torch.ones(2)); "
+        "m.b = m.a; m.a.grad = torch.ones(2); "
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); m.float(); "
+        "(m.a * 2 + m.b * 3).sum().backward(); "
+        "assert m.a.grad.tolist() == [3., 3.]  # fails: [6., 6.], and m.a.grad is m.b.grad"),
     Deviation(
         "APPLY-TIES", rebinding_splits_tied_buffers, "buffer-tie-split",
         "Buffers are rebound per slot, `self._buffers[k] = fn(buf)`, so a buffer registered "
@@ -358,7 +378,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "assert leaf.weight._cdata != c  # fails when the address is reused"),
     Deviation(
         "APPLY-ATOMIC", commits_before_raising,
-        ("value-changed", "slot-changed", "grad-changed"),
+        ("value-changed", "slot-changed", "grad-changed", "INV-RAISE-UNCHANGED"),
         "_apply commits each tensor as soon as fn returns, so an error on the k-th tensor "
         "leaves the first k-1 converted. Repro: m = nn.Linear(2, 2); n = [0]; "
         "def fn(t):\n n[0] += 1\n if n[0] == 2: raise ValueError\n return t.double(); "
@@ -372,7 +392,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "held = weakref.ref(m.weight.grad); torch.__future__.set_swap_module_params_on_conversion(True); "
         "m.double() raises RuntimeError, then m.weight.dtype is float64 and m.weight.grad is None"),
     Deviation(
-        ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice, "not-restored",
+        ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice,
+        ("not-restored", "INV-KINDS"),
         SHARED_SLOT),
     Deviation("TOGETHER-APPLY-IN-FORWARD", swaps_one_slot_twice, "original-changed",
               SHARED_SLOT),

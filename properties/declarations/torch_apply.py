@@ -92,6 +92,17 @@ def swap_refuses_subclass(example: Example) -> bool:
                for p, applied in _results(example, _params(example)))
 
 
+def commits_before_its_raise(example: Example) -> bool:
+    """torch's ``_apply`` raises here (``torch_apply_raises``: a refused ``Parameter`` subclass,
+    a graph-carrying grad, an old-style norm, a tied RNN weight, a shared grad) and ``fn``
+    changes a tensor that comes first in its order, which ``_apply`` has committed when it
+    raises. (The first tensor of the order is taken as the raising one's earliest place.)"""
+    if not torch_apply_raises(example):
+        return False
+    order = torch_call_order(example)
+    return any(applied is not t for t, applied in _results(example, order[:-1]))
+
+
 def old_norm_refusals(example: Example) -> list[Tensor]:
     """The tensors ``swap_tensors`` refuses on the swap path because an old hook-based
     ``weight_norm`` or ``spectral_norm`` holds them: the sources of its computed ``weight``
@@ -285,6 +296,15 @@ def overwrite_splits_tied_parameters(example: Example) -> bool:
     held = _distinct_slots(example, "_parameters")
     return not torch_apply_raises(example) and any(
         held[id(p)] > 1 and torch_path(example, p, applied) == "overwrite"
+        for p, applied in _results(example, _params(example)))
+
+
+def split_tie_shares_grad(example: Example) -> bool:
+    """A tied parameter with a grad takes the overwrite path: torch gives each slot its own new
+    Parameter, and each of them ``fn(grad)``: one grad object where ``fn`` returns its input."""
+    held = _distinct_slots(example, "_parameters")
+    return not torch_apply_raises(example) and any(
+        held[id(p)] > 1 and p.grad is not None and torch_path(example, p, applied) == "overwrite"
         for p, applied in _results(example, _params(example)))
 
 

@@ -106,7 +106,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "# RuntimeError naming only the unexpected key 'extra'",
         TORCH_SCALAR_INDEXED),
     Deviation(
-        ("LOAD-ATOMIC", *CROSS_DEVICE), writes_before_failing, "changed",
+        ("LOAD-ATOMIC", *CROSS_DEVICE), writes_before_failing, ("changed", "INV-RAISE-UNCHANGED"),
         "torch loads key by key and only raises at the end, so every key it could load stays "
         "loaded when another key fails.\n"
         "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
@@ -216,7 +216,8 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "assert m.weight is not w and m.running_mean is not mean",
         TORCH_ALL),
     Deviation(
-        "LOAD-IDENTITY", swap_loses_identity, ("class", "attributes", "grad", "tensor-hooks"),
+        "LOAD-IDENTITY", swap_loses_identity,
+        ("class", "attributes", "grad", "tensor-hooks", "INV-KINDS"),
         "On the swap path swap_tensors swaps __class__, __dict__ and the TensorImpl (with its "
         "autograd meta) with a fresh Parameter(module_load(...)): a Parameter subclass becomes "
         "Parameter, instance attributes, the grad and register_hook hooks are gone.\n"

@@ -96,6 +96,8 @@ class Checker:
     violations: list[Violation] = field(default_factory=list)
     bystander: Any = None  # ``invariants.Bystander``: a copy of the module no call may touch
     succeeded: bool = False  # a target call of this example returned (``target_calls.watched``)
+    # the invariant clauses a declaration of any property explains here (read before the call)
+    invariant_excuses: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         CURRENT[0] = self
@@ -105,6 +107,8 @@ class Checker:
             and d.holds_for_installed_torch()
             and d.applies(self.example)
         ]
+        if invariants.enabled(self.target):
+            self.invariant_excuses = self._declared_invariants()
         crashes.record(self.property_id, self.target, self.example)
 
     def skips_declared_crash(self) -> bool:
@@ -166,8 +170,12 @@ class Checker:
     def _invariant_excuses(self, shown: set[str]) -> set[str]:
         """The invariant clauses explained here: all of them where a declared clause showed,
         else those a declaration of the target (any property) names and applies to."""
-        if shown:
-            return set(invariants.IDS)
+        return set(invariants.IDS) if shown else self.invariant_excuses
+
+    def _declared_invariants(self) -> set[str]:
+        """The invariant clauses that a declaration of the target, of any property, names and
+        applies to here. Read when the checker is made, before the call: a predicate describes
+        the input, never the outcome."""
         excused: set[str] = set()
         for d in self.target.deviations:
             named = set(d.clauses) & set(invariants.IDS)

@@ -246,14 +246,14 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
-                      methods=TORCH_METHODS)
+                      methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
-                      exact_messages=True, methods=TORCH_METHODS)
+                      exact_messages=True, methods=TORCH_METHODS, invariants=True)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 

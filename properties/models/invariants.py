@@ -71,8 +71,8 @@ IDS: tuple[str, ...] = tuple(i for i, _ in INVARIANTS)
 def enabled(target: Any) -> bool:
     """Whether the harness checks the invariants on ``target``: ``SWAPSPEC_INVARIANTS=1`` or
     ``0`` decides for every target; unset, the target's ``invariants`` field does (on for the
-    reference; off for torch's targets until their breaks of the invariants are declared, and
-    off for a host's target unless it sets ``invariants=True``)."""
+    built-in targets, whose breaks of them are declared; off for a host's target unless it sets
+    ``invariants=True``)."""
     chosen = os.environ.get("SWAPSPEC_INVARIANTS")
     if chosen in ("0", "1"):
         return chosen == "1"

@@ -541,8 +541,11 @@ method_trees = module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE)
 
 def _method_setup(target, property_id, module, call, flags):
     """The example of a public method call, its snapshot (no conversion: ``fn`` is the
-    identity, so only slots, grads and values are read) and a checker."""
-    example = Example(module, flags=flags, method=call)
+    identity, so only slots, grads and values are read) and a checker. A conversion form's
+    example also carries its ``Conversion``, so declarations that read the conversion (torch's
+    breaks of the invariants, ``INV-*``) can describe it."""
+    conversion = next((c for c in METHOD_CONVERSIONS if c.call == call), None)
+    example = Example(module, flags=flags, method=call, conversion=conversion)
     snap = snapshot_for_apply(module, lambda: (lambda t: t))
     return example, Checker(property_id, target, example), snap
 
