@@ -61,7 +61,7 @@ def main() -> None:
     from swapspec.properties.models.invariants import INVARIANTS
 
     print("\nChecked after every operation of every property and every sequence step (a clause of the "
-          "property where it broke), on the reference by default and on any target with "
+          "property where it broke), on the built-in targets and on any target with "
           "`SWAPSPEC_INVARIANTS=1` or `Target(invariants=True)`:\n\n| invariant | rule |\n|---|---|")
     for iid, rule in INVARIANTS:
         print(f"| `{iid}` | {_cell(rule)} |")
