@@ -61,7 +61,7 @@ import torch
 from hypothesis import reproduce_failure, settings
 
 from swapspec.properties import vocabulary
-from swapspec.properties.harness import checker, crashes, plugged
+from swapspec.properties.harness import checker, crashes, pairs, plugged
 from swapspec.properties.harness.database import _key_per_target, _use_shared_database
 from swapspec.properties.harness.isolation import isolated_global_state
 from swapspec.properties.harness.marking import is_property_test, property_id
@@ -352,12 +352,14 @@ def pytest_runtest_call(item: pytest.Item):
     region, shown = Counter(checker.IN_REGION), Counter(checker.SHOWN)
     declared = Counter(checker.DECLARED), Counter(checker.DECLARED_SHOWN)
     undeclared = Counter(checker.UNDECLARED)
+    pairs_before = pairs.snapshot()
     try:
         with _count_cases(item):
             _key_per_target(item)
             _use_shared_database(item)
             return (yield)
     finally:
+        item.swapspec_pairs = pairs.taken(pairs_before)
         item.swapspec_deviations = dict(Counter(checker.OBSERVED) - before)
         applied = Counter(checker.DECLARED) - declared[0]
         showed = Counter(checker.DECLARED_SHOWN) - declared[1]
@@ -429,6 +431,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             _show_repros(item, report, entry["failures"])
         if report.when == "call" and hasattr(item, "swapspec_cases"):
             entry["cases"] = item.swapspec_cases
+        if report.when == "call" and getattr(item, "swapspec_pairs", None):
+            entry["pairs"] = item.swapspec_pairs
         report.user_properties.append((REPORT_KEY, entry))
     return report
 
@@ -541,6 +545,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             terminalreporter.write_line("why invalid:")
             for line in reasons:
                 terminalreporter.write_line(line)
+    sequence_pairs = pairs.coverage(results)
+    if sequence_pairs:
+        terminalreporter.write_sep("=", "swapspec ordered pairs of sequence rules (a, then b later)")
+        for line in pairs.render(sequence_pairs):
+            terminalreporter.write_line(line)
     measured = getattr(config, "swapspec_coverage", None)
     if measured is not None:
         from swapspec.properties.harness.coverage import render_coverage
@@ -553,6 +562,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             json.dump({"torch": torch.__version__, "table": table, "filter_rates": rates,
                        "times": call_times(results),
                        "declared": declared_deviations(config.swapspec_targets or []),
+                       "sequence_pairs": sequence_pairs,
                        **({"coverage": measured} if measured is not None else {})},
                       f, indent=2, sort_keys=True)
         terminalreporter.write_line(f"swapspec: wrote JSON report to {path}")

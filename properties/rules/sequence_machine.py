@@ -63,6 +63,7 @@ from hypothesis.stateful import (
 from torch import Tensor, nn
 
 from swapspec import reference
+from swapspec.properties.harness import pairs
 from swapspec.properties.harness import sequence_repro as repro
 from swapspec.properties.harness.sequence_replay import REPLAY
 from swapspec.properties.harness.step_checker import StepCheck
@@ -106,6 +107,13 @@ from swapspec.strategies import (
 )
 from swapspec.strategies.decorations import OLD_STYLE
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS
+
+# The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
+# (``properties.harness.pairs``) are what the report measures.
+RULES = ("convert", "functional_call", "vmap", "tie", "untie", "load_state_dict", "backward",
+         "build_optimizer", "optimizer_step", "zero_grad", "register_hooks",
+         "state_dict_round_trip", "deepcopy")
+
 
 # Conversions a module goes through in a life on CPU: casts, moves, to_empty after a meta move.
 SEQUENCE_CONVERSIONS = ("float()", "half()", "double()", "bfloat16()", "to(torch.float64)",
@@ -264,12 +272,18 @@ class SequenceMachine(RuleBasedStateMachine):
         # drawn after, so a cycle that later holds one of its tensors is collected.
         gc.collect()
         self.froze = gc.get_freeze_count() == 0
+        self.trail: list[tuple[str, bool]] = []  # (rule, raised) of each step after the build
         if self.froze:
             gc.freeze()
         self.vmappable = False
 
     def teardown(self) -> None:
-        """Unfreeze what the build froze, so the process collects it again."""
+        """Record the sequence's ordered pairs of rules (``properties.harness.pairs``); unfreeze
+        what the build froze, so the process collects it again."""
+        if self.target is not None and self.trail:
+            universe = [r for r in RULES if r != "load_state_dict"
+                        or getattr(self.target, "load_state_dict", None) is not None]
+            pairs.record(self.target.name, universe, self.trail)
         if self.froze:
             gc.unfreeze()
             self.froze = False
@@ -580,6 +594,8 @@ class SequenceMachine(RuleBasedStateMachine):
         """Check the property's invariant after the step; resync where a declaration applies."""
         step = check.example.step
         event(f"rule: {step}")
+        if step in RULES:
+            self.trail.append((step, outcome.error is not None))
         self.steps.append(["before = named(module)", *lines])
         self.check_outcome(check, prediction, outcome)
         if self.property_id == STATE:
