@@ -100,11 +100,18 @@ def method_lines(target: Any, call: Any, overwrite: bool, swap: bool) -> list[st
 
 def functional_call_lines(target: Any, tensors: dict[str, Tensor], tie_weights: bool,
                           tuple_form: bool) -> list[str]:
-    """One functional call on ``x``; its output is kept in ``out``."""
-    given = "{" + ", ".join(f"{k!r}: {tensor_code(v)}" for k, v in tensors.items()) + "}"
+    """One functional call on ``x``; its output is kept in ``out``. Names given one object get
+    one object (``g0``, ``g1``, ... defined first): a call treats one tensor under two names of
+    a slot otherwise than two equal tensors."""
+    lines, code = [], {}
+    for value in tensors.values():
+        if id(value) not in code:
+            code[id(value)] = f"g{len(code)}"
+            lines.append(f"{code[id(value)]} = {tensor_code(value)}")
+    given = "{" + ", ".join(f"{k!r}: {code[id(v)]}" for k, v in tensors.items()) + "}"
     if tuple_form:
         given = f"({given},)"
-    return ["error = None", "out = None", *guarded(
+    return [*lines, "error = None", "out = None", *guarded(
         [f"out = {functional_call_name(target)}(module, {given}, (x.clone(),), "
          f"tie_weights={tie_weights})"])]
 
