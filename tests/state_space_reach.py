@@ -252,7 +252,7 @@ def _seq(n: int) -> list[frozenset[str]]:
     return sequence_reach(n)[0]
 
 
-# name -> (sampler, divisor): the sample draws N // divisor examples (sequences: 10 steps each).
+# name -> (sampler, divisor): the sample draws N // divisor examples (sequences: up to 15 steps).
 SAMPLES: dict[str, tuple[Callable[[int], list[frozenset[str]]], int]] = {
     "tree": (_tree_sample(), 1),
     "life": (_life, 2),
@@ -261,7 +261,7 @@ SAMPLES: dict[str, tuple[Callable[[int], list[frozenset[str]]], int]] = {
     "conversion": (_conversion, 1),
     "call": (_call, 1),
     "load": (_load, 1),
-    "seq": (_seq, 10),
+    "seq": (_seq, 3),
 }
 
 
