@@ -30,6 +30,7 @@ from swapspec.properties.rules.sequence_machine import (
 from swapspec.strategies import build_tree
 from tests.test_module_model_ties import FLAT, X, _Scripted
 
+pytestmark = pytest.mark.slow  # CI-only: two cases run up to 300 sequences until a zoo target is caught, and each runs its repro in a subprocess (see pyproject's markers)
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = "tests.zoo.grads_lost_after_training:target"
 LOAD_ZOO = "tests.zoo.load_commit_as_you_go:target"
