@@ -145,7 +145,7 @@ def unchanged(before: World, clause: str = RAISE_UNCHANGED) -> list[Violation]:
             out.append(Violation(clause, "the caller's dict changed (keys or the objects they hold)"))
             continue
         for key, value in items:
-            if id(value) in m.values and not same_values(value, m.values[id(value)]):
+            if id(value) in m.values and not _same_anywhere(value, m.values[id(value)]):
                 out.append(Violation(clause, f"the caller's tensor under {key!r} changed value"))
     if process_state() != before.process:
         out.append(Violation(clause, "the process state changed (flags, default dtype, grad mode)",
@@ -168,12 +168,22 @@ def _module_unchanged(state: ModuleState, module: nn.Module, clause: str) -> lis
     by_id = {id(t): (n, t) for n, t in state.slots.items() if isinstance(t, Tensor)}
     for key, value in state.values.items():
         name, tensor = by_id[key]
-        if not same_values(tensor, value):
+        if not _same_anywhere(tensor, value):
             out.append(Violation(clause, f"{name!r} changed dtype, device, shape or values"))
     return out
 
 
 _GONE = object()
+
+
+def _same_anywhere(now: Tensor, then: Tensor) -> bool:
+    """``same_values``, reading tensors of a device other than CPU and meta on the CPU (an XLA
+    device cannot lower every op ``same_values`` uses), their devices compared first."""
+    if now.device != then.device:
+        return False
+    if now.device.type not in ("cpu", "meta"):
+        now, then = now.detach().cpu(), then.detach().cpu()
+    return same_values(now, then)
 
 
 # ---- INV-KINDS ---------------------------------------------------------------------------
