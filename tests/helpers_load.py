@@ -27,3 +27,15 @@ def error_of(call) -> str:
     with pytest.raises(RuntimeError) as info:
         call()
     return str(info.value)
+
+
+@pytest.fixture(autouse=True)
+def restore_swap_flags():
+    """Leave the reference's and torch's swap flags as each test found them."""
+    saved = (reference.get_swap_module_params_on_conversion(),
+             torch.__future__.get_swap_module_params_on_conversion())
+    try:
+        yield
+    finally:
+        reference.set_swap_module_params_on_conversion(saved[0])
+        torch.__future__.set_swap_module_params_on_conversion(saved[1])

@@ -7,24 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from swapspec import reference
-from tests.helpers_load import load
+from tests.helpers_load import (
+    load,
+    restore_swap_flags,  # noqa: F401  (autouse: the swap flags restored)
+)
 from tests.helpers_modules import (
     Shared,
     linear,
 )
-
-
-@pytest.fixture(autouse=True)
-def _restore_flags():
-    """Leave the reference's and torch's swap flags as each test found them."""
-    saved = (reference.get_swap_module_params_on_conversion(),
-             torch.__future__.get_swap_module_params_on_conversion())
-    try:
-        yield
-    finally:
-        reference.set_swap_module_params_on_conversion(saved[0])
-        torch.__future__.set_swap_module_params_on_conversion(saved[1])
 
 
 def test_rule2_pre_hooks_may_rename_keys_and_post_hooks_may_clear_them():

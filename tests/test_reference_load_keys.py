@@ -11,22 +11,16 @@ import torch
 from torch import nn
 
 from swapspec import reference
-from tests.helpers_load import error_of, load, paths, shifted
+from tests.helpers_load import (
+    error_of,
+    load,
+    paths,
+    restore_swap_flags,  # noqa: F401  (autouse: the swap flags restored)
+    shifted,
+)
 from tests.helpers_modules import (
     linear,
 )
-
-
-@pytest.fixture(autouse=True)
-def _restore_flags():
-    """Leave the reference's and torch's swap flags as each test found them."""
-    saved = (reference.get_swap_module_params_on_conversion(),
-             torch.__future__.get_swap_module_params_on_conversion())
-    try:
-        yield
-    finally:
-        reference.set_swap_module_params_on_conversion(saved[0])
-        torch.__future__.set_swap_module_params_on_conversion(saved[1])
 
 
 def test_rule1_non_mapping_is_torchs_type_error():

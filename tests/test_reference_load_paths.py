@@ -8,9 +8,14 @@ import torch
 from torch import nn
 from torch.testing._internal.two_tensor import TwoTensor
 
-from swapspec import reference
 from swapspec.reference.load_state_dict import choose_load_path
-from tests.helpers_load import error_of, load, paths, shifted
+from tests.helpers_load import (
+    error_of,
+    load,
+    paths,
+    restore_swap_flags,  # noqa: F401  (autouse: the swap flags restored)
+    shifted,
+)
 from tests.helpers_modules import (
     TaggedParameter,
     Tied,
@@ -20,18 +25,6 @@ from tests.helpers_modules import (
     snapshot,
     tagged,
 )
-
-
-@pytest.fixture(autouse=True)
-def _restore_flags():
-    """Leave the reference's and torch's swap flags as each test found them."""
-    saved = (reference.get_swap_module_params_on_conversion(),
-             torch.__future__.get_swap_module_params_on_conversion())
-    try:
-        yield
-    finally:
-        reference.set_swap_module_params_on_conversion(saved[0])
-        torch.__future__.set_swap_module_params_on_conversion(saved[1])
 
 
 def test_rule4_path_choice():

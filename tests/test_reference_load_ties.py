@@ -11,7 +11,13 @@ from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
 from swapspec.reference.load_state_dict import same_value
-from tests.helpers_load import error_of, load, paths, shifted
+from tests.helpers_load import (
+    error_of,
+    load,
+    paths,
+    restore_swap_flags,  # noqa: F401  (autouse: the swap flags restored)
+    shifted,
+)
 from tests.helpers_modules import (
     Shared,
     ThreeAliases,
@@ -20,18 +26,6 @@ from tests.helpers_modules import (
     linear,
     snapshot,
 )
-
-
-@pytest.fixture(autouse=True)
-def _restore_flags():
-    """Leave the reference's and torch's swap flags as each test found them."""
-    saved = (reference.get_swap_module_params_on_conversion(),
-             torch.__future__.get_swap_module_params_on_conversion())
-    try:
-        yield
-    finally:
-        reference.set_swap_module_params_on_conversion(saved[0])
-        torch.__future__.set_swap_module_params_on_conversion(saved[1])
 
 
 @paths
