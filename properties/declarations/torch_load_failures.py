@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-from swapspec.properties.models.apply_state import _swappable
+from swapspec.properties.models.apply_state import swap_tensors_takes
 from swapspec.properties.models.examples import named_tensors
 from swapspec.properties.models.load_examples import (
     conflicting_groups,
@@ -21,7 +21,6 @@ from swapspec.properties.models.load_examples import (
     fits,
     key_model,
 )
-from swapspec.strategies import tree_info
 
 
 def own_state(example: Any) -> dict[str, Any]:
@@ -37,53 +36,17 @@ def torch_writes(example: Any) -> list[tuple[str, Tensor, Any]]:
 
 
 def torch_refused(example: Any) -> set[int]:
-    """Ids of the module's parameters and buffers ``swap_tensors`` refuses now, probed on a
-    fresh build of the tree (the build replays its training): an old-style reparametrization's
-    computed attribute whose autograd graph still holds them (weight_norm's ``_g``/``_v``,
-    spectral_norm's and prune's ``_orig``, prune's mask; a ``backward()`` frees it), or a
-    grad's graph. A module the tree builder did not build (a sequence's deep copy) has no
-    fresh build to probe: nothing counts as refused. Cached on the example."""
+    """Ids of the module's parameters and buffers ``swap_tensors`` refuses now, read on the
+    module as it is (``swap_tensors_takes``: its own checks, no swap): a weak reference to it
+    (an RNN's ``_flat_weight_refs``), or its TensorImpl held by something other than its object
+    and its own AccumulateGrad node (an old-style reparametrization's computed attribute whose
+    autograd graph holds ``_g``/``_v`` or ``_orig``, a grad's graph). Cached on the example."""
     cached = example.__dict__.get("_torch_refused")
     if cached is None:
-        cached = example.__dict__["_torch_refused"] = _probe_refused(example.module)
+        cached = example.__dict__["_torch_refused"] = {
+            id(t) for t in named_tensors(example.module).values()
+            if not is_lazy(t) and not swap_tensors_takes(t)}
     return cached
-
-
-def _probe_refused(module: nn.Module) -> set[int]:
-    """A tensor where the fresh build has it on the same device is probed on the build; one the
-    module has since moved (``XLA-LOAD-INTO`` moves it to XLA; the build's autograd state says
-    nothing about it then) is probed in place, swapped with a copy and straight back."""
-    try:
-        info = tree_info(module)
-    except KeyError:  # not built by strategies.build_tree
-        return set()
-    if info is None:
-        return set()
-    copy = info.build()  # kept alive: its computed attributes hold the graphs that refuse
-    built = named_tensors(copy)
-    refused = set()
-    for name, t in named_tensors(module).items():
-        if is_lazy(t):
-            continue
-        probe = built.get(name)
-        if probe is None:
-            continue
-        if not _swappable_now(probe if probe.device == t.device else t):
-            refused.add(id(t))
-    return refused
-
-
-def _swappable_now(t: Tensor) -> bool:
-    """Whether ``swap_tensors`` takes ``t`` (swapped with a copy and straight back)."""
-    if isinstance(t, nn.Parameter):
-        return _swappable(t)
-    probe = t.detach().clone()
-    try:
-        torch.utils.swap_tensors(t, probe)
-    except RuntimeError:
-        return False
-    torch.utils.swap_tensors(t, probe)
-    return True
 
 
 def spec_fails(example: Any) -> bool:

@@ -4,6 +4,7 @@ plugin recognises one."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -36,3 +37,10 @@ def is_property_test(node: pytest.Item | pytest.Metafunc) -> bool:
 def property_id(item: pytest.Item) -> str | None:
     marker = item.get_closest_marker("swapspec_property")
     return marker.args[0] if marker else None
+
+
+def per_target_cases(argname: str, cases_of: Callable[[Any], list[tuple[str, Any]]]) -> Callable:
+    """Parametrize a property test by ``argname`` with cases that depend on its target: the
+    plugin makes one item per target and ``(id, value)`` of ``cases_of(target)``, its id
+    ``TARGET-ID`` (a target without a case gets no item, rather than a skip)."""
+    return pytest.mark.swapspec_per_target(argname, cases_of)

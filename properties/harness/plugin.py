@@ -116,6 +116,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "swapspec_property(id): the property a test checks")
+    config.addinivalue_line("markers", "swapspec_per_target(argname, cases_of): cases per target "
+                            "(properties.harness.marking.per_target_cases)")
     # A drawn real-dtype conversion of a complex tensor drops its imaginary part on purpose
     # (strategies.conversions); torch's warning about it is the conversion's, not a finding.
     config.addinivalue_line(
@@ -197,7 +199,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         targets = metafunc.config.swapspec_targets
         if targets is None:
             pytest.fail(NO_TARGET, pytrace=False)
-        metafunc.parametrize("target", targets, ids=[t.name for t in targets])
+        cases = metafunc.definition.get_closest_marker("swapspec_per_target")
+        if cases is None:
+            metafunc.parametrize("target", targets, ids=[t.name for t in targets])
+            return
+        argname, cases_of = cases.args
+        combos = [(t, value, f"{t.name}-{case}") for t in targets for case, value in cases_of(t)]
+        metafunc.parametrize(("target", argname), [c[:2] for c in combos],
+                             ids=[c[2] for c in combos])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
