@@ -1,6 +1,7 @@
 """The sequence zoo is caught by sequences only: each target fails a SEQ property and passes
 every one-shot property of the half it changes (``ONE_SHOT_PATHS``; the other half is the
-reference's own).
+reference's own). A target that names ``CAUGHT_BY_PAIR`` is caught by that case of the pair
+schedule (``properties/rules/sequence_pairs.py``) under the CI profile itself.
 
 Sequences run in-process with fixed settings (derandomized, no database, no shrinking, up to
 ``SEQUENCES`` sequences, 600: the deepest zoo target, memo_across_calls, needs four steps
@@ -22,6 +23,7 @@ from swapspec.properties.harness.checker import ConformanceError
 from swapspec.properties.harness.isolation import isolated_global_state
 from swapspec.properties.harness.targets import load_target
 from swapspec.properties.rules.sequence_machine import STEPS, run_sequences
+from swapspec.properties.rules.sequence_pairs import ordered_pairs
 from tests.test_zoo import run_suite, statuses
 from tests.zoo import SEQUENCE_ZOO, selector, zoo_module
 
@@ -47,6 +49,24 @@ def test_sequence_zoo_target_is_caught_by_a_sequence(name: str) -> None:
     assert caught, f"{name}: no sequence of {sorted(zoo.CAUGHT_BY)} failed"
 
 
+PAIR_CAUGHT = tuple(n for n in SEQUENCE_ZOO if hasattr(zoo_module(n), "CAUGHT_BY_PAIR"))
+
+
+def test_most_of_the_sequence_zoo_is_caught_by_the_pair_schedule() -> None:
+    """Rule: at least four sequence zoo targets name the pair schedule case that catches them."""
+    assert len(PAIR_CAUGHT) >= 4, PAIR_CAUGHT
+
+
+@pytest.mark.parametrize("name", PAIR_CAUGHT)
+def test_sequence_zoo_target_is_caught_by_the_pair_schedule(name: str, tmp_path: Path) -> None:
+    """Rule: under the CI profile the schedule's case ``CAUGHT_BY_PAIR`` fails SEQ-STATE."""
+    zoo = zoo_module(name)
+    case = f"{zoo.target.name}-{zoo.CAUGHT_BY_PAIR}"
+    item = f"properties/rules/test_sequences.py::test_sequence_pair_state[{case}]"
+    code, table, tail = run_suite(selector(name), (item,), tmp_path / "report.json")
+    assert code == 1 and statuses(table) == {"SEQ-STATE": "fail"}, f"{name}: {table}\n{tail}"
+
+
 @pytest.mark.parametrize("name", SEQUENCE_ZOO)
 def test_sequence_zoo_target_passes_every_one_shot_property(name: str, tmp_path: Path) -> None:
     """Rule: every one-shot property of the half the target changes passes (or is skipped)."""
@@ -62,3 +82,5 @@ def test_sequence_zoo_declarations() -> None:
         zoo = zoo_module(name)
         assert zoo.ORIGIN and zoo.ONE_SHOT_PATHS and zoo.target.name.startswith("zoo-"), name
         assert zoo.CAUGHT_BY and all(pid.startswith("SEQ-") for pid in zoo.CAUGHT_BY), name
+        pair = getattr(zoo, "CAUGHT_BY_PAIR", None)
+        assert pair is None or pair in dict(ordered_pairs(zoo.target)), name

@@ -5,9 +5,12 @@ meets is chance: a bug that shows only when rule ``b`` follows rule ``a`` waits 
 that happens to draw them in that order. The schedule removes the chance. For each target it
 makes one case per ordered pair ``(a, b)`` of the rules the target offers (``rules_of``); a case
 draws a module as a sequence's build does, runs rule ``a`` with drawn arguments, then rule
-``b``, and checks each step exactly as a sequence step is checked (the property's invariant, the
-five invariants, global state, the declarations). So every pair is met in every run of every
-profile, and a failure's script has at most four steps.
+``b``, then rule ``a`` again, and checks each step exactly as a sequence step is checked (the
+property's invariant, the five invariants, global state, the declarations). So every pair is met
+in every run of every profile, and so is the shape most sequence bugs have: the first call
+leaves state behind, the step between changes the module, the second call trusts that state (a
+conversion cache, slots recorded at a first functional call, grads remembered by a conversion).
+A failure's script has at most five steps.
 
 Rules:
 - a step some rule needs first is run first and is a step of the script like any other:
@@ -152,8 +155,8 @@ def heap_of_one_case() -> Iterator[None]:
 
 
 def run_pair(target: Any, property_id: str, pair: tuple[str, str], data: st.DataObject) -> None:
-    """One case of the schedule: build a module, run ``pair``'s two rules in order, each step
-    checked for ``property_id`` as a sequence step is."""
+    """One case of the schedule: build a module, run ``pair``'s first rule, its second, and its
+    first again, each step checked for ``property_id`` as a sequence step is."""
     with heap_of_one_case():
         machine = SequenceMachine.for_target(target, property_id)()
         try:
@@ -165,6 +168,7 @@ def run_pair(target: Any, property_id: str, pair: tuple[str, str], data: st.Data
             run_rule(machine, first, data)
             assume(machine.judged)  # the first step showed a declared deviation: pair not met
             run_rule(machine, then, data)
+            run_rule(machine, first, data)
         finally:
             machine.teardown()
 

@@ -19,6 +19,7 @@ from tests.zoo import ZooTarget
 
 ORIGIN = "swapspec sequences: grads made by training after a conversion are lost by the next one"
 CAUGHT_BY = frozenset({"SEQ-STATE"})
+CAUGHT_BY_PAIR = "convert>backward"  # convert, backward, convert
 ONE_SHOT_PATHS = ("properties/rules/test_apply.py", "properties/rules/test_apply_training.py",
                   "properties/rules/test_together.py")
 
