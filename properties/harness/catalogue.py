@@ -20,13 +20,18 @@ PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties
 
 
 def properties() -> Iterator[tuple[str, str, str]]:
-    """(ID, rule, origin) of every property, in file order."""
+    """(ID, rule, origin) of every property, in file order; a property several tests check
+    (``SEQ-STATE``: free sequences and the pair schedule) is given by its first test."""
+    seen = set()
     for module_name in PROPERTY_MODULES:
         module = importlib.import_module(module_name)
-        for _, test in inspect.getmembers(module, inspect.isfunction):
+        tests = sorted((t for _, t in inspect.getmembers(module, inspect.isfunction)),
+                       key=lambda t: inspect.unwrap(t).__code__.co_firstlineno)
+        for test in tests:
             marks = getattr(test, "pytestmark", [])
             ids = [m.args[0] for m in marks if m.name == "swapspec_property"]
-            if ids:
+            if ids and ids[0] not in seen:
+                seen.add(ids[0])
                 doc = inspect.getdoc(test) or ""
                 yield ids[0], _first_sentence(doc), _origin(doc)
 

@@ -75,9 +75,10 @@ class StepCheck:
             lines = [f"{self.property_id} on target {self.target.name!r}, at step "
                      f"{self.example.step!r}:"]
             lines += [f"  broken rule [{v.clause}]: {v.message}" for v in unexplained]
+            script = repro_script(unexplained)
             lines += ["", "Standalone repro (save it as a file and run it with python):", "",
-                      repro_script(unexplained)]
-            raise ConformanceError("\n".join(lines))
+                      script]
+            raise ConformanceError("\n".join(lines), unexplained, script)
         for clause in violated | shown:
             OBSERVED[(self.property_id, self.target.name, clause)] += 1
         for d in self.declared:  # the report's evidence per declaration, as one-shot checks give
