@@ -116,3 +116,20 @@ def test_invariants_are_on_for_the_reference_and_chosen_by_the_environment(
     assert invariants.enabled(builtin_target("torch-stateless")) is torch_on
     host = from_object(reference)
     assert invariants.enabled(host) is (chosen == "1")
+
+
+def test_kinds_after_a_deepcopy_are_what_parameter_deepcopy_makes():
+    """Rule: ``copy.deepcopy`` drops a plain Parameter's instance attributes (torch's
+    ``Parameter.__deepcopy__``); INV-KINDS holds a deepcopy step to that, any other step not."""
+    import copy
+
+    from torch import nn
+
+    module = nn.Linear(2, 2)
+    module.weight.tag = "kept?"
+    before = invariants.kinds(module)
+    copied = copy.deepcopy(module)
+    assert not hasattr(copied.weight, "tag")
+    assert invariants.kinds_kept(before, copied, attributes=False) == []
+    lost = invariants.kinds_kept(before, copied)
+    assert [v.clause for v in lost] == ["INV-KINDS"] and "tag" in lost[0].message

@@ -213,10 +213,13 @@ def kinds(module: nn.Module) -> Kinds:
 
 
 def kinds_kept(before: Kinds, module: nn.Module, *, requires_grad: bool = True,
-               classes: bool = True) -> list[Violation]:
+               classes: bool = True, attributes: bool = True) -> list[Violation]:
     """``INV-KINDS`` after a successful operation. ``requires_grad=False``: the operation sets it
     (``requires_grad_``); ``classes=False``: parameters take the given value's class and
-    attributes (``load_state_dict(assign=True)``, torch's documented rule)."""
+    attributes (``load_state_dict(assign=True)``, torch's documented rule); ``attributes=False``:
+    parameters are new objects made by their class (``copy.deepcopy``, the same on every target:
+    ``Parameter.__deepcopy__`` calls ``type(p)(data, requires_grad)``), so instance attributes
+    are those the class sets."""
     now = kinds(module)
     out: list[Violation] = []
     for path, (cls, children) in before.modules.items():
@@ -251,7 +254,7 @@ def kinds_kept(before: Kinds, module: nn.Module, *, requires_grad: bool = True,
             # a wrapper subclass result (a DTensor parameter) takes the result's class
             out.append(Violation(KINDS, f"parameter {name!r} became a {got[0].__name__}, was a "
                                         f"{kind[0].__name__}"))
-        if classes and not kind[1] <= got[1]:
+        if classes and attributes and not kind[1] <= got[1]:
             out.append(Violation(KINDS, f"parameter {name!r} lost its attributes "
                                         f"{sorted(kind[1] - got[1])}"))
         if requires_grad and got[2] != kind[2]:

@@ -64,7 +64,8 @@ def step_invariants(machine: Any, step: str, outcome: Outcome) -> list[Violation
     retied = step in ("tie", "untie")
     found += invariants.kinds_kept(kinds, machine.module,
                                    requires_grad=not retied and step != "requires_grad_",
-                                   classes=not (load and load.assign) and not retied)
+                                   classes=not (load and load.assign) and not retied,
+                                   attributes=step != "deepcopy")
     try:
         copied = copy.deepcopy(machine.module)
     except Exception:
