@@ -133,3 +133,19 @@ def test_kinds_after_a_deepcopy_are_what_parameter_deepcopy_makes():
     assert invariants.kinds_kept(before, copied, attributes=False) == []
     lost = invariants.kinds_kept(before, copied)
     assert [v.clause for v in lost] == ["INV-KINDS"] and "tag" in lost[0].message
+
+
+def test_a_raise_inside_the_forward_may_keep_what_the_forward_did():
+    """Rule: with ``values=False`` (a step that raised inside the module's own forward) a value
+    changed in place is not INV-RAISE-UNCHANGED's, a slot given another object still is."""
+    import torch
+    from torch import nn
+
+    module = nn.BatchNorm1d(2)
+    before = invariants.world([module])
+    with torch.no_grad():
+        module.running_mean.add_(1)  # what a training forward does before a later layer raises
+    assert invariants.unchanged(before, values=False) == []
+    assert [v.clause for v in invariants.unchanged(before)] == ["INV-RAISE-UNCHANGED"]
+    module.running_var = torch.ones(2)
+    assert [v.clause for v in invariants.unchanged(before, values=False)] == ["INV-RAISE-UNCHANGED"]

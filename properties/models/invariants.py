@@ -133,12 +133,15 @@ def world(modules: Iterable[nn.Module], mappings: Iterable[Any] = ()) -> World:
                  process_state())
 
 
-def unchanged(before: World, clause: str = RAISE_UNCHANGED) -> list[Violation]:
+def unchanged(before: World, clause: str = RAISE_UNCHANGED, *,
+              values: bool = True) -> list[Violation]:
     """``INV-RAISE-UNCHANGED``: every module, caller's dict and the process state as in
-    ``before`` (read now)."""
+    ``before`` (read now). ``values=False``: the modules' tensor values are not compared (a
+    call that raised inside the module's own forward keeps what that forward's code did before
+    it raised; the caller compares them with the model)."""
     out: list[Violation] = []
     for module, state in before.modules:
-        out += _module_unchanged(state, module, clause)
+        out += _module_unchanged(state, module, clause, values=values)
     for m in before.mappings:
         items = list(m.obj.items())
         if (tuple(k for k, _ in items), tuple(id(v) for _, v in items)) != (m.keys, m.ids):
@@ -153,7 +156,8 @@ def unchanged(before: World, clause: str = RAISE_UNCHANGED) -> list[Violation]:
     return out
 
 
-def _module_unchanged(state: ModuleState, module: nn.Module, clause: str) -> list[Violation]:
+def _module_unchanged(state: ModuleState, module: nn.Module, clause: str, *,
+                      values: bool = True) -> list[Violation]:
     now = module_state(module)
     out = []
     for name, obj in state.slots.items():
@@ -166,7 +170,7 @@ def _module_unchanged(state: ModuleState, module: nn.Module, clause: str) -> lis
             out.append(Violation(clause, f"module {path or '<root>'!r} changed class, attributes "
                                          "or registrations"))
     by_id = {id(t): (n, t) for n, t in state.slots.items() if isinstance(t, Tensor)}
-    for key, value in state.values.items():
+    for key, value in state.values.items() if values else ():
         name, tensor = by_id[key]
         if not _same_anywhere(tensor, value):
             out.append(Violation(clause, f"{name!r} changed dtype, device, shape or values"))

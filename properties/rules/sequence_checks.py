@@ -49,6 +49,10 @@ def step_snapshot(machine: Any, step: str, example: dict) -> Any:
             load)
 
 
+# steps that run the module's own forward
+FORWARD_RUNNING_STEPS = ("backward", "functional_call", "vmap")
+
+
 def step_invariants(machine: Any, step: str, outcome: Outcome) -> list[Violation]:
     """After a step: INV-RAISE-UNCHANGED where it raised, else INV-KINDS and INV-WORKING (on a
     copy: the model holds the module's grads and hook counts); INV-INDEPENDENT always."""
@@ -58,7 +62,10 @@ def step_invariants(machine: Any, step: str, outcome: Outcome) -> list[Violation
         return found
     world, kinds, load = before
     if outcome.error is not None:
-        return found + invariants.unchanged(world)
+        # a step that raised in the module's own forward keeps what that forward did before it
+        # raised (a forward pre-hook's power iteration, BatchNorm's running statistics): the
+        # values are held to the model (SEQ-STATE), the slots and registrations to the world
+        return found + invariants.unchanged(world, values=step not in FORWARD_RUNNING_STEPS)
     # a requires_grad_ step sets requires_grad; a tie or an untie puts another parameter in a
     # slot, with its own class, attributes and requires_grad
     retied = step in ("tie", "untie")
