@@ -228,7 +228,7 @@ SEQUENCES = 66
 SEQUENCE_FLOORS = {
     **dict.fromkeys(("convert", "functional_call", "load_state_dict", "state_dict_round_trip",
                      "deepcopy", "backward", "register_hooks", "build_optimizer",
-                     "optimizer_step", "zero_grad"), 0.03),
+                     "optimizer_step", "zero_grad", "requires_grad_"), 0.03),
     "tie": 0.08, "untie": 0.08, "vmap": 0.08,
 }
 SEQUENCE_MEAN_LENGTH_FLOOR = 5

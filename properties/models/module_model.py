@@ -298,6 +298,18 @@ class ModuleModel:
                 state.grad = None if set_to_none else torch.zeros_like(state.grad)
             state.grad_graph = False
 
+    def requires_grad_(self, requires_grad: bool) -> Prediction:
+        """``module.requires_grad_(requires_grad)``: every parameter gets ``requires_grad``;
+        buffers, grads and objects stay. ``True`` with an integral parameter raises
+        ``RuntimeError`` before anything changes (the reference's ``Methods.requires_grad_``)."""
+        params = [state for state in self.tensors if state.parameter]
+        if requires_grad and any(not (s.value.is_floating_point() or s.value.is_complex())
+                                 for s in params):
+            return Prediction(error=RuntimeError)
+        for state in params:
+            state.requires_grad = requires_grad
+        return Prediction()
+
     def build_optimizer(self, indices: list[int]) -> None:
         """An optimizer over these tensors, in this order."""
         self.optimizer = list(indices)

@@ -12,7 +12,8 @@ module from the tree strategy; each later step is one rule, drawn with its argum
   (``setattr(owner, key, tensor)``), or one slot of a tie given its own copy (untie);
 - ``load_state_dict``: ``target.load_state_dict`` (only for targets that have one);
 - ``backward`` (``create_graph`` either way), ``build_optimizer``/``optimizer_step`` (SGD),
-  ``zero_grad`` (``set_to_none`` either way), ``register_hooks`` (counting tensor hooks),
+  ``zero_grad`` (``set_to_none`` either way), ``requires_grad_`` (either way: the target's
+  method), ``register_hooks`` (counting tensor hooks),
   ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
 
 The model (:mod:`~swapspec.properties.models.module_model`) predicts each step first, without calling
@@ -111,7 +112,7 @@ from swapspec.strategies.method_calls import METHOD_CONVERSIONS
 # The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
 # (``properties.harness.pairs``) are what the report measures.
 RULES = ("convert", "functional_call", "vmap", "tie", "untie", "load_state_dict", "backward",
-         "build_optimizer", "optimizer_step", "zero_grad", "register_hooks",
+         "build_optimizer", "optimizer_step", "zero_grad", "requires_grad_", "register_hooks",
          "state_dict_round_trip", "deepcopy")
 
 
@@ -168,6 +169,12 @@ HOOK_LOSS_CLAUSES = ("before-hook-lost", "after-hook-lost", "tensor-hooks")
 # float64 (floating slots), the module's own state_dict() (a round trip), or other values with
 # one key of a wrong shape (the load fails and changes nothing).
 LOAD_KINDS = ("other-values", "float64", "own", "wrong-shape")
+
+
+# A free sequence's ``requires_grad_`` argument: True three times in four, so a module frozen by
+# ``requires_grad_(False)`` is soon trainable again and the training steps that need a trainable
+# parameter (hooks, the optimizer) keep their share of the steps.
+UNFREEZE_MOSTLY = st.sampled_from((True, True, True, False))
 
 
 # Budget: steps per sequence, and the share of the profile's max_examples a sequence property
@@ -543,6 +550,20 @@ class SequenceMachine(RuleBasedStateMachine):
         outcome = attempt(lambda: self.module.zero_grad(set_to_none=set_to_none))
         self.after(check, Prediction(), outcome,
                    [f"module.zero_grad(set_to_none={set_to_none})"])
+
+    @rule(requires_grad=UNFREEZE_MOSTLY)
+    @while_judged
+    def requires_grad_(self, requires_grad: bool) -> None:
+        """``requires_grad_``, the target's method: freezing or unfreezing every parameter."""
+        check = self.begin("requires_grad_")
+        prediction = self.model.requires_grad_(requires_grad)
+        outcome = attempt(lambda: self.target.method("requires_grad_")(
+            self.module, requires_grad, overwrite=False, swap=False))
+        lines = ["error = None", *repro.guarded([
+            f"module.requires_grad_({requires_grad})" if repro.is_torch(self.target) else
+            f"target.method('requires_grad_')(module, {requires_grad}, overwrite=False, "
+            "swap=False)"])]
+        self.after(check, prediction, outcome, lines)
 
     def register_hooks(self, data: st.DataObject) -> None:
         candidates = trainable(self.model)

@@ -86,6 +86,7 @@ RUNNERS: dict[str, Callable[[SequenceMachine, st.DataObject], None]] = {
     "build_optimizer": lambda m, d: m.build_optimizer(),
     "optimizer_step": lambda m, d: m.optimizer_step(),
     "zero_grad": lambda m, d: m.zero_grad(d.draw(st.booleans(), label="set_to_none")),
+    "requires_grad_": lambda m, d: m.requires_grad_(d.draw(st.booleans(), label="requires_grad")),
     "register_hooks": lambda m, d: m.register_hooks(d),
     "state_dict_round_trip": lambda m, d: m.state_dict_round_trip(),
     "deepcopy": lambda m, d: m.deepcopy(),
@@ -123,7 +124,8 @@ def run_rule(machine: SequenceMachine, rule: str, data: st.DataObject) -> None:
     """Run ``rule``, and first the step it needs where the module lacks it; nothing once a
     declared deviation has shown."""
     need = NEEDS.get(rule)
-    if machine.judged and need is not None and not can_run(machine, rule):
+    if machine.judged and need is not None and not can_run(machine, rule) \
+            and can_run(machine, need):
         RUNNERS[need](machine, data)
     if not machine.judged:
         return
