@@ -136,8 +136,9 @@ def test_kinds_after_a_deepcopy_are_what_parameter_deepcopy_makes():
 
 
 def test_a_raise_inside_the_forward_may_keep_what_the_forward_did():
-    """Rule: with ``values=False`` (a step that raised inside the module's own forward) a value
-    changed in place is not INV-RAISE-UNCHANGED's, a slot given another object still is."""
+    """Rule: with ``forward_ran`` (a step that raised inside the module's own forward) a value
+    changed in place and a buffer rebound are not INV-RAISE-UNCHANGED's; a registration that
+    changed still is."""
     import torch
     from torch import nn
 
@@ -145,7 +146,10 @@ def test_a_raise_inside_the_forward_may_keep_what_the_forward_did():
     before = invariants.world([module])
     with torch.no_grad():
         module.running_mean.add_(1)  # what a training forward does before a later layer raises
-    assert invariants.unchanged(before, values=False) == []
-    assert [v.clause for v in invariants.unchanged(before)] == ["INV-RAISE-UNCHANGED"]
-    module.running_var = torch.ones(2)
-    assert [v.clause for v in invariants.unchanged(before, values=False)] == ["INV-RAISE-UNCHANGED"]
+    module.running_var = torch.ones(2)  # ``self.count = self.count + 1`` before a raise
+    assert invariants.unchanged(before, forward_ran=True) == []
+    assert {v.clause for v in invariants.unchanged(before)} == {"INV-RAISE-UNCHANGED"}
+    assert len(invariants.unchanged(before)) == 2  # the rebound slot, the changed values
+    module.register_buffer("extra", torch.zeros(1))
+    messages = [v.message for v in invariants.unchanged(before, forward_ran=True)]
+    assert "slot 'extra' appeared" in messages

@@ -134,14 +134,18 @@ def world(modules: Iterable[nn.Module], mappings: Iterable[Any] = ()) -> World:
 
 
 def unchanged(before: World, clause: str = RAISE_UNCHANGED, *,
-              values: bool = True) -> list[Violation]:
+              forward_ran: bool = False) -> list[Violation]:
     """``INV-RAISE-UNCHANGED``: every module, caller's dict and the process state as in
-    ``before`` (read now). ``values=False``: the modules' tensor values are not compared (a
-    call that raised inside the module's own forward keeps what that forward's code did before
-    it raised; the caller compares them with the model)."""
+    ``before`` (read now).
+
+    ``forward_ran``: the operation raised inside the module's own forward, which keeps what its
+    code did before it raised (a value updated in place, a buffer rebound by ``self.count =
+    ...``), as a plain call does. The objects in the slots and their values are then not compared:
+    the caller holds them to its model of that forward. The registrations, the caller's dicts and
+    the process state still are."""
     out: list[Violation] = []
     for module, state in before.modules:
-        out += _module_unchanged(state, module, clause, values=values)
+        out += _module_unchanged(state, module, clause, slots=not forward_ran)
     for m in before.mappings:
         items = list(m.obj.items())
         if (tuple(k for k, _ in items), tuple(id(v) for _, v in items)) != (m.keys, m.ids):
@@ -157,10 +161,11 @@ def unchanged(before: World, clause: str = RAISE_UNCHANGED, *,
 
 
 def _module_unchanged(state: ModuleState, module: nn.Module, clause: str, *,
-                      values: bool = True) -> list[Violation]:
+                      slots: bool = True) -> list[Violation]:
+    """Slots (their objects and values, where ``slots``) and registrations as in ``state``."""
     now = module_state(module)
     out = []
-    for name, obj in state.slots.items():
+    for name, obj in state.slots.items() if slots else ():
         if now.slots.get(name, _GONE) is not obj:
             out.append(Violation(clause, f"slot {name!r} holds another object"))
     for name in now.slots.keys() - state.slots.keys():
@@ -170,7 +175,7 @@ def _module_unchanged(state: ModuleState, module: nn.Module, clause: str, *,
             out.append(Violation(clause, f"module {path or '<root>'!r} changed class, attributes "
                                          "or registrations"))
     by_id = {id(t): (n, t) for n, t in state.slots.items() if isinstance(t, Tensor)}
-    for key, value in state.values.items() if values else ():
+    for key, value in state.values.items() if slots else ():
         name, tensor = by_id[key]
         if not _same_anywhere(tensor, value):
             out.append(Violation(clause, f"{name!r} changed dtype, device, shape or values"))

@@ -63,9 +63,9 @@ def step_invariants(machine: Any, step: str, outcome: Outcome) -> list[Violation
     world, kinds, load = before
     if outcome.error is not None:
         # a step that raised in the module's own forward keeps what that forward did before it
-        # raised (a forward pre-hook's power iteration, BatchNorm's running statistics): the
-        # values are held to the model (SEQ-STATE), the slots and registrations to the world
-        return found + invariants.unchanged(world, values=step not in FORWARD_RUNNING_STEPS)
+        # raised (a forward pre-hook's power iteration, BatchNorm's running statistics, a buffer
+        # rebound): slots and values are held to the model (SEQ-STATE), registrations to the world
+        return found + invariants.unchanged(world, forward_ran=step in FORWARD_RUNNING_STEPS)
     # a requires_grad_ step sets requires_grad; a tie or an untie puts another parameter in a
     # slot, with its own class, attributes and requires_grad
     retied = step in ("tie", "untie")
