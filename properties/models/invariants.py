@@ -167,7 +167,8 @@ def _module_unchanged(state: ModuleState, module: nn.Module, clause: str, *,
     out = []
     for name, obj in state.slots.items() if slots else ():
         if now.slots.get(name, _GONE) is not obj:
-            out.append(Violation(clause, f"slot {name!r} holds another object"))
+            out.append(Violation(clause, f"slot {name!r} holds another object",
+                                 code=f"named(module).get({name!r}) is before.get({name!r})"))
     for name in now.slots.keys() - state.slots.keys():
         out.append(Violation(clause, f"slot {name!r} appeared"))
     for path, shape in state.layout.items():
