@@ -550,3 +550,41 @@ def test_a_refused_parametrized_swap_is_predicted_exactly_when_torch_raises(swap
         torch.__future__.set_swap_module_params_on_conversion(saved)
     assert raised == swap, "torch itself changed: the swap flag no longer decides it"
     assert predicted == raised
+
+
+def test_each_kind_of_failure_has_its_own_error_class():
+    """Rule: failures of different clauses (or a stale declaration) raise different
+    ``ConformanceError`` subclasses, the same kind the same class."""
+    def raised(clauses: list[str], declared: tuple = ()) -> type:
+        check = Checker("APPLY-TIES", _target(*declared), EXAMPLE)
+        for clause in clauses:
+            check.that(False, clause, f"{clause} broke")
+        with pytest.raises(ConformanceError) as e:
+            check.verdict()
+        return type(e.value)
+
+    assert raised(["tie-split"]) is raised(["tie-split"])
+    assert raised(["tie-split"]) is not raised(["values"])
+    assert raised(["values", "tie-split"]) is raised(["tie-split"])  # the first clause's kind
+    assert raised([], (_always("tie-split"),)) not in {raised(["tie-split"]), raised(["values"])}
+
+
+def test_two_independent_bugs_of_one_property_are_both_reported():
+    """Rule: a run of a property that breaks two clauses in different examples reports both,
+    each shrunk on its own (Hypothesis tells them apart by their error class)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(database=None, derandomize=True, max_examples=300)
+    @given(st.integers(0, 1000))
+    def planted(n: int) -> None:
+        check = Checker("APPLY-TIES", _target(), EXAMPLE)
+        check.that(n % 7 != 3, "tie-split", f"{n}: bug one")
+        check.that(n % 11 != 5, "values", f"{n}: bug two")
+        check.verdict()
+
+    with pytest.raises(BaseExceptionGroup) as group:
+        planted()
+    kinds = [min(v.clause for v in e.violations) for e in group.value.exceptions
+             if isinstance(e, ConformanceError)]
+    assert sorted(kinds) == ["tie-split", "values"]

@@ -44,6 +44,25 @@ class ConformanceError(AssertionError):
         self.repro = repro
 
 
+def conformance_error_class(violations: list[Violation], stale: list[Deviation]
+                            ) -> type[ConformanceError]:
+    """The ``ConformanceError`` subclass of one kind of failure: its first broken clause (in
+    sorted order), else its first stale declaration. Hypothesis tells failures apart by
+    exception type and place, so each kind is shrunk and reported on its own, with its own
+    repro, instead of the first failure found hiding the rest. An example that breaks two
+    clauses is of the first one's kind (and its error names both); the second is reported on its
+    own wherever it shows alone."""
+    clauses = sorted({v.clause for v in violations})
+    kind = clauses[0] if clauses else "stale " + min("|".join(d.clauses) for d in stale)
+    if kind not in _ERROR_CLASSES:
+        _ERROR_CLASSES[kind] = type(f"ConformanceError[{kind}]", (ConformanceError,),
+                                    {"__module__": __name__})
+    return _ERROR_CLASSES[kind]
+
+
+_ERROR_CLASSES: dict[str, type[ConformanceError]] = {}
+
+
 SOMETIMES_MIN_REGION = 10
 
 
@@ -164,8 +183,8 @@ class Checker:
             self._count(violated & declared)
             return
         script = self._repro(repro, unexplained)
-        error = ConformanceError(self._explain(unexplained, stale, bool(script)), unexplained, script)
-        raise error
+        kind = conformance_error_class(unexplained, stale)
+        raise kind(self._explain(unexplained, stale, bool(script)), unexplained, script)
 
     def _invariant_excuses(self, shown: set[str]) -> set[str]:
         """The invariant clauses explained here: all of them where a declared clause showed,

@@ -9,7 +9,12 @@ from typing import Any
 
 from swapspec.properties import vocabulary
 from swapspec.properties.declarations.torch import APPLY_IDS
-from swapspec.properties.harness.checker import DECLARED, DECLARED_SHOWN, OBSERVED, ConformanceError
+from swapspec.properties.harness.checker import (
+    DECLARED,
+    DECLARED_SHOWN,
+    OBSERVED,
+    conformance_error_class,
+)
 from swapspec.properties.models.examples import StepExample
 from swapspec.properties.vocabulary import Deviation, Violation
 
@@ -78,7 +83,8 @@ class StepCheck:
             script = repro_script(unexplained)
             lines += ["", "Standalone repro (save it as a file and run it with python):", "",
                       script]
-            raise ConformanceError("\n".join(lines), unexplained, script)
+            kind = conformance_error_class(unexplained, [])
+            raise kind("\n".join(lines), unexplained, script)
         for clause in violated | shown:
             OBSERVED[(self.property_id, self.target.name, clause)] += 1
         for d in self.declared:  # the report's evidence per declaration, as one-shot checks give
