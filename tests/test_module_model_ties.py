@@ -252,3 +252,15 @@ def test_a_tie_dropping_a_graph_carrying_grad_lets_a_later_swap_be_refused(tie: 
     except RuntimeError as error:
         refused = "running_mean" in str(error)
     assert (prediction.may_refuse, refused) == (tie, tie)
+
+
+def test_a_tie_split_by_a_call_is_a_slot_it_did_not_restore() -> None:
+    """Rule: after a functional call a tie group whose names hold two objects breaks
+    ``not-restored`` (FC-RESTORE's clause, which torch's shared-slot declaration names), after
+    any other step ``parameter-tie-split``/``buffer-tie-split``."""
+    for step, clause in (("functional_call", "not-restored"), ("tie", "buffer-tie-split")):
+        model, module = _both(TreeSpec(root=LEAF, ties=(TieSpec(slots=(("", "b0"), ("", "b1"))),)))
+        module.b1 = module.b1.clone()  # what torch's restore of a shared slot can leave
+        check = _Collected()
+        check_state(check, model, module, step)
+        assert [v.clause for v in check.violations] == [clause], step

@@ -84,8 +84,9 @@ def step_invariants(machine: Any, step: str, outcome: Outcome) -> list[Violation
 def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: str) -> None:
     """SEQ-STATE: names, objects, ties, class, attributes, requires_grad, values and grads.
 
-    After a functional call (``CALL_STEPS``) the object and value clauses are ``not-restored``
-    (FC-RESTORE's). A slot left holding a batched tensor that escaped a vmapped function (on
+    After a functional call (``CALL_STEPS``) the object, tie and value clauses are
+    ``not-restored`` (FC-RESTORE's: a call must put every slot's own object back, so a tie split
+    by a call is a slot it did not restore). A slot left holding a batched tensor that escaped a vmapped function (on
     which every use raises) breaks the object clause, and nothing more of it is read."""
     named = named_tensors(module)
     moved = "not-restored" if step in CALL_STEPS else "object-changed"
@@ -101,8 +102,9 @@ def check_state(check: StepCheck, model: ModuleModel, module: nn.Module, step: s
                           code=f"not torch._C._functorch.is_batchedtensor(named(module)[{first!r}])"):
             continue
         kind = "parameter" if state.parameter else "buffer"
+        split = moved if step in CALL_STEPS else f"{kind}-tie-split"
         for other in state.names[1:]:
-            check.that(named[other] is now, f"{kind}-tie-split",
+            check.that(named[other] is now, split,
                        f"tied {kind} names {first!r} and {other!r} hold two objects",
                        code=f"named(module)[{first!r}] is named(module)[{other!r}]")
         if state.obj is not None:
