@@ -212,9 +212,10 @@ def snapshot_values(module: nn.Module) -> dict[str, Tensor]:
 
 
 def holds_values(t: Tensor) -> bool:
-    """Whether ``t`` has values to compare: not uninitialized, not on ``meta``, not a ``FakeTensor``."""
+    """Whether ``t`` has values to compare: not uninitialized, not on ``meta``, not a ``FakeTensor``,
+    not a batched tensor that escaped a vmapped function (every op on it raises)."""
     return not (isinstance(t, nn.parameter.UninitializedTensorMixin) or t.device.type == "meta"
-                or is_fake(t))
+                or is_fake(t) or torch._C._functorch.is_batchedtensor(t))
 
 
 def is_fake(t: Tensor) -> bool:
