@@ -48,6 +48,9 @@ plain_trees = module_trees(lazy=False, decoration_chance=0, wrapper_chance=0,
 pickled_trees = st.one_of(plain_trees, rnn_trees())
 loadable_trees = module_trees(lazy=False, wrapper_chance=0, needs=("leaf-grads",))
 form_trees = module_trees(wrapper_chance=0, needs=("leaf-grads",))
+# One parameter dtype: parameters_to_vector concatenates, promoting mixed dtypes.
+float32_trees = module_trees(lazy=False, dtypes=(torch.float32,), decoration_chance=0,
+                             wrapper_chance=0)
 
 
 def _keeps_values(conversion: Any) -> bool:
@@ -109,16 +112,18 @@ def _input() -> Tensor:
 # ---------------------------------------------------------------- whole-module pickling
 
 
-@spec_property("CHECKPOINT-PICKLE")
+@spec_property("CHECKPOINT-PICKLE", examples_divisor=4)
 @given(data=st.data())
 def test_converted_module_pickles(target, data):
     """A module the target converted comes back from ``torch.save``/``torch.load`` and from
     ``copy.deepcopy`` as an equal module: the same module classes and slots, each tensor with
-    the same class, dtype, device, ``requires_grad``, grad and values, the same ties and shared
+    the same class, dtype, device, shape, ``requires_grad`` and values, the same ties and shared
     submodules, an RNN's flat weights its own parameters, and the same forward output.
 
-    ``torch.save`` pickles a Parameter subclass as a plain ``Parameter`` (torch's
-    serialization, whatever the target): that leg leaves out modules that hold one.
+    Torch's pickling of a ``Parameter`` (``__reduce_ex__``, ``__deepcopy__``) keeps no
+    ``.grad``, and ``torch.save`` pickles a Parameter subclass as a plain ``Parameter``,
+    whatever the target: grads are not compared, and the ``torch.save`` leg leaves out modules
+    that hold a Parameter subclass.
 
     Origin: checkpoints of whole models (``torch.save(model)``, ``copy.deepcopy`` of a
     ``model.half()``); ``RNNBase.__getstate__``/``__setstate__`` rebuild the flat-weight
@@ -185,9 +190,6 @@ def _tensor_difference(t: Tensor, u: Any) -> str | None:
             return f"has {attr} {getattr(u, attr)}, was {getattr(t, attr)}"
     if holds_values(t) and not same_values(t.detach(), u.detach()):
         return "has other values"
-    if (t.grad is None) != (u.grad is None) or (
-            t.grad is not None and not same_values(t.grad, u.grad)):
-        return "has another grad"
     return None
 
 
@@ -215,7 +217,7 @@ def _reread(module: nn.Module) -> nn.Module:
     return twin
 
 
-@spec_property("CHECKPOINT-RNN-FLAT-WEIGHTS")
+@spec_property("CHECKPOINT-RNN-FLAT-WEIGHTS", examples_divisor=2)
 @given(data=st.data())
 def test_converted_rnn_flat_weights(target, data):
     """After the target converts an RNN, its flat weights are its parameters, ``all_weights``
@@ -226,7 +228,7 @@ def test_converted_rnn_flat_weights(target, data):
     ("3rd party device types likely rely on this behavior to properly .to() modules like
     LSTM"); pytorch #115442 (swap_tensors refuses the flat weights' weak references).
     """
-    example, outcome = _draw_converted(target, data, rnn_trees(), where=lambda c: True)
+    example, outcome = _draw_converted(target, data, rnn_trees())
     assume(outcome.error is None)
     module = example.module
     rnn = _rnn(module)
@@ -269,7 +271,7 @@ def legacy_state(rnn: nn.RNNBase) -> dict[str, Any]:
     return state
 
 
-@spec_property("CHECKPOINT-RNN-LEGACY")
+@spec_property("CHECKPOINT-RNN-LEGACY", examples_divisor=2)
 @given(data=st.data())
 def test_legacy_rnn_state(target, data):
     """An RNN the target converted, unpickled from the state torch before 1.8 saved (its
@@ -428,7 +430,7 @@ def _check_load_back(check: Checker, target: Any, module: nn.Module, result: Any
     if not check.that(loaded.error is None, "load-back", f"loading the entries back raised "
                                                          f"{loaded.error!r}"):
         return
-    want, got = named_tensors(module), named_tensors(fresh)
+    want, got = _expected_entries(module, ""), _expected_entries(fresh, "")
     for name, t in want.items():
         if holds_values(t) and name in got and holds_values(got[name]):
             check.that(same_values(t.detach(), got[name].detach()), "load-back",
@@ -451,7 +453,7 @@ HOLDER_LINES = [*EXTRA_STATE_SOURCE, "holder = torch.nn.Module()", "holder.tree 
                 "holder.extra = ExtraState(0)"]
 
 
-@spec_property("CHECKPOINT-EXTRA-STATE")
+@spec_property("CHECKPOINT-EXTRA-STATE", examples_divisor=2)
 @given(module=loadable_trees, data=st.data())
 def test_extra_state_round_trip(target, module, data):
     """A module's extra state is in its state dict under ``<path>._extra_state`` as the object
@@ -604,7 +606,7 @@ def _post_after_children(seen: list[tuple[str, int, Any]], holder: nn.Module) ->
     return True
 
 
-@spec_property("CHECKPOINT-POST-HOOK-RETURN")
+@spec_property("CHECKPOINT-POST-HOOK-RETURN", examples_divisor=2)
 @given(module=loadable_trees, data=st.data())
 def test_post_hook_returning_a_value(target, module, data):
     """A load post-hook that returns a value (instead of editing the keys in place) makes the
@@ -657,11 +659,11 @@ def _changed(value: Any) -> Any:
 # ---------------------------------------------------------------- parameter vectors
 
 
-@spec_property("CHECKPOINT-VECTOR")
+@spec_property("CHECKPOINT-VECTOR", examples_divisor=4)
 @given(data=st.data())
 def test_parameter_vector_round_trip(target, data):
-    """After the target converts a module whose parameters share one floating dtype,
-    ``parameters_to_vector`` gives their values in order in one vector of their total length,
+    """After the target converts a module whose parameters share one floating dtype and are
+    contiguous, ``parameters_to_vector`` gives their values in order in one vector of their total length,
     and ``vector_to_parameters`` of it leaves every parameter the same object with its dtype,
     shape and values.
 
@@ -669,13 +671,13 @@ def test_parameter_vector_round_trip(target, data):
     optimizers, evolution strategies and model averaging flatten a converted model's
     parameters; ``vector_to_parameters`` writes ``param.data`` one parameter at a time).
     """
-    example, outcome = _draw_converted(target, data, plain_trees)
+    example, outcome = _draw_converted(target, data, float32_trees)
     assume(outcome.error is None)
     params = list(example.module.parameters())
     dtypes = {p.dtype for p in params}
     uniform = len(dtypes) == 1 and next(iter(dtypes)).is_floating_point \
-        and all(holds_values(p) and not p.is_sparse for p in params)
-    event(f"vector: {'one dtype' if uniform else 'mixed or no parameters'}")
+        and all(holds_values(p) and not p.is_sparse and p.is_contiguous() for p in params)
+    event(f"vector: {'one dtype' if uniform else 'mixed, non-contiguous or no parameters'}")
     assume(uniform)
     check = Checker("CHECKPOINT-VECTOR", target, example)
     values = [p.detach().clone() for p in params]
