@@ -664,9 +664,10 @@ def _changed(value: Any) -> Any:
 @given(data=st.data())
 def test_parameter_vector_round_trip(target, data):
     """After the target converts a module whose parameters share one floating dtype and are
-    contiguous, ``parameters_to_vector`` gives their values in order in one vector of their total length,
-    and ``vector_to_parameters`` of it leaves every parameter the same object with its dtype,
-    shape and values.
+    contiguous, ``parameters_to_vector`` gives their values in order in one vector of their
+    total length, and ``vector_to_parameters`` of it leaves every parameter the same object
+    with its dtype, shape and values; a vector that is not a tensor is refused with
+    ``TypeError``.
 
     Origin: ``torch.nn.utils.parameters_to_vector``/``vector_to_parameters`` (second-order
     optimizers, evolution strategies and model averaging flatten a converted model's
@@ -686,6 +687,9 @@ def test_parameter_vector_round_trip(target, data):
     check.that(vector.numel() == sum(p.numel() for p in params)
                and same_values(vector, torch.cat([v.reshape(-1) for v in values])), "vector",
                "parameters_to_vector does not give the parameters' values in order")
+    refused = attempt(lambda: torch.nn.utils.vector_to_parameters(vector.tolist(), params))
+    check.that(isinstance(refused.error, TypeError), "not-tensor",
+               f"a list for the vector gave {refused.error!r}, expected TypeError")
     torch.nn.utils.vector_to_parameters(vector, params)
     after = list(example.module.parameters())
     check.that(len(after) == len(params) and all(a is p for a, p in zip(after, params,
@@ -696,3 +700,40 @@ def test_parameter_vector_round_trip(target, data):
                    "value", "vector_to_parameters changed a parameter's dtype, shape or values")
     check.verdict(partial(script_repro, example, target, body=[
         *_convert_lines(example), "observed = {}"]))
+
+
+# ---------------------------------------------------------------- meta modules
+
+
+meta_trees = module_trees(lazy=False, wrapper_chance=0, worlds=("meta",), world_chance=100,
+                          training_chance=0, needs=("tensor",))
+META_MESSAGE = "Please use torch.nn.Module.to_empty() instead of torch.nn.Module.to()"
+
+
+@spec_property("CHECKPOINT-META-TO", examples_divisor=4)
+@given(module=meta_trees, data=st.data())
+def test_meta_module_to_is_refused(target, module, data):
+    """Moving a module whose tensors are on ``meta`` to a real device with the target's ``to``
+    raises torch's ``NotImplementedError`` that points to ``to_empty``, and leaves the module
+    exactly as it was.
+
+    Origin: deferred initialization (a model built under ``torch.device('meta')`` and
+    materialized with ``to_empty`` before its checkpoint is loaded); ``Module.to``'s own error.
+    """
+    assume(any(t.is_meta for t in named_tensors(module).values()))
+    flags = data.draw(flag_settings(), label="flags")
+    example = Example(module, flags=flags)
+    check = Checker("CHECKPOINT-META-TO", target, example)
+    before = snapshot_for_load(module)
+    outcome = attempt(lambda: target.method("to")(module, "cpu", overwrite=flags.overwrite,
+                                                  swap=flags.swap))
+    check.that(isinstance(outcome.error, NotImplementedError)
+               and META_MESSAGE in str(outcome.error), "error",
+               f"expected torch's NotImplementedError naming to_empty, got {outcome.error!r}")
+    changed = changes(before, module)
+    check.that(not changed, "changed", f"the refused move changed the module: {changed[:3]}")
+    check.verdict(partial(script_repro, example, target, body=[
+        "snap = snapshot(module)",
+        f"out = outcome(lambda: target_method(module, 'to', {flags.overwrite}, {flags.swap}, "
+        "'cpu'))",
+        "observed = {'error': describe(out), **state(module, snap)}"]))
