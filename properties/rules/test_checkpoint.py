@@ -364,7 +364,8 @@ def test_state_dict_forms(target, module, data):
     path under ``prefix``: the slot object itself with ``keep_vars``, else a detached tensor
     sharing its storage; its pre- and post-hooks run once per visit with that prefix; and the
     target's ``load_state_dict`` of those entries (prefix removed) into a fresh build of the
-    module reproduces every slot's values.
+    module reproduces every slot's values (a lazy module's included: an uninitialized one
+    loads a materialized one's tensors).
 
     Origin: ``nn.Module.state_dict``'s documented arguments and hooks
     (``register_state_dict_pre_hook``, ``register_state_dict_post_hook``); checkpoints saved
@@ -373,6 +374,7 @@ def test_state_dict_forms(target, module, data):
     form = data.draw(state_dict_forms(), label="state_dict form")
     example = Example(module)
     check = Checker("CHECKPOINT-STATE-DICT-FORMS", target, example)
+    module = _with_lazy_norm(module, data.draw(st.booleans(), label="lazy norm initialized"))
     _perturb(module)
     earlier = {"earlier": torch.zeros(1)} if form["destination"] else None
     seen: list[tuple[str, Any, str]] = []
@@ -389,6 +391,22 @@ def test_state_dict_forms(target, module, data):
                    f"state-dict {kind}-hooks ran {len(visits)} times, once per path expected")
     _check_load_back(check, target, module, result, form["prefix"])
     check.verdict(partial(script_repro, example, target, body=["observed = {}"]))
+
+
+def _with_lazy_norm(tree: nn.Module, initialized: bool) -> nn.Module:
+    """A root holding ``tree`` and an ``nn.LazyBatchNorm1d`` (lazy buffers), as ``lazy``; the
+    norm initialized by one forward, or left uninitialized."""
+    root = nn.Module()
+    root.tree = tree
+    root.lazy = nn.LazyBatchNorm1d()
+    if initialized:
+        root.lazy(torch.linspace(-1, 1, 6).reshape(2, 3))
+    return root
+
+
+def _fresh(root: nn.Module) -> nn.Module:
+    """A fresh build of ``_with_lazy_norm``'s root: the tree rebuilt, the norm uninitialized."""
+    return _with_lazy_norm(tree_info(root.tree).build(), initialized=False)
 
 
 def _perturb(module: nn.Module) -> None:
@@ -423,7 +441,7 @@ def _check_load_back(check: Checker, target: Any, module: nn.Module, result: Any
     """Clause ``load-back``: the entries load into a fresh build and reproduce the values."""
     if target.load_state_dict is None:
         return
-    fresh = tree_info(module).build()
+    fresh = _fresh(module)
     state = {k[len(prefix):]: v for k, v in result.items()
              if k.startswith(prefix) and k != "earlier"}
     loaded = attempt(lambda: target.load_state_dict(fresh, state, strict=True, assign=False,
