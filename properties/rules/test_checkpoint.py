@@ -755,3 +755,52 @@ def test_meta_module_to_is_refused(target, module, data):
         f"out = outcome(lambda: target_method(module, 'to', {flags.overwrite}, {flags.swap}, "
         "'cpu'))",
         "observed = {'error': describe(out), **state(module, snap)}"]))
+
+
+# ---------------------------------------------------------------- checkpoint containers
+
+
+NOT_MAPPINGS = ("items", "values", "tensor")
+NOT_MAPPING_CODE = {"items": "list(module.state_dict().items())",
+                    "values": "tuple(module.state_dict().values())", "tensor": "torch.zeros(1)"}
+
+
+def _not_a_mapping(state: dict[str, Any], form: str) -> Any:
+    """The state dict as a checkpoint mistaken for one: its ``(key, value)`` pairs, its values,
+    or its first value alone."""
+    if form == "items":
+        return list(state.items())
+    if form == "values":
+        return tuple(state.values())
+    return next(iter(state.values()), torch.zeros(1))
+
+
+@spec_property("CHECKPOINT-NOT-A-MAPPING", examples_divisor=4)
+@given(module=loadable_trees, data=st.data())
+def test_load_refuses_a_non_mapping(target, module, data):
+    """The target's ``load_state_dict`` refuses a state dict that is not a mapping (its pairs,
+    its values, one tensor) with torch's ``TypeError("Expected state_dict to be dict-like,
+    got <type>.")`` and leaves the module exactly as it was.
+
+    Origin: ``nn.Module.load_state_dict``'s check of its argument; checkpoints saved as
+    ``list(model.state_dict().items())`` or as a whole training state.
+    """
+    form = data.draw(st.sampled_from(NOT_MAPPINGS), label="form")
+    strict = data.draw(st.booleans(), label="strict")
+    given_state = _not_a_mapping({k: _changed(v) for k, v in module.state_dict().items()}, form)
+    example = Example(module)
+    check = Checker("CHECKPOINT-NOT-A-MAPPING", target, example)
+    before = snapshot_for_load(module)
+    outcome = attempt(lambda: target.load_state_dict(module, given_state, strict=strict,
+                                                     assign=False, swap=False))
+    check.that(isinstance(outcome.error, TypeError)
+               and f"got {type(given_state)}" in str(outcome.error), "error",
+               f"expected torch's TypeError naming {type(given_state)}, got {outcome.error!r}")
+    changed = changes(before, module)
+    check.that(not changed, "changed", f"the refused load changed the module: {changed[:3]}")
+    check.verdict(partial(script_repro, example, target, body=[
+        "snap = snapshot(module)",
+        f"given = {NOT_MAPPING_CODE[form]}",
+        f"out = outcome(lambda: target_load_state_dict(module, given, strict={strict}, "
+        "assign=False, swap=False))",
+        "observed = {'error': describe(out), **state(module, snap)}"]))
