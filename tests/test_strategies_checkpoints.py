@@ -14,6 +14,7 @@ from swapspec.properties.models.examples import Example
 from swapspec.properties.rules.test_checkpoint import (
     _expected_entries,
     _flat_weights_are_parameters,
+    _value_code,
     legacy_state,
 )
 from swapspec.strategies import tree_info
@@ -90,3 +91,14 @@ def test_extra_state_declaration_covers_strict_loads_with_an_unexpected_key(keys
                                                                             applies):
     load = LoadInput(dict.fromkeys(keys, 1), strict, assign=False, swap=False)
     assert extra_state_before_unexpected_key(Example(nn.Linear(1, 1), load=load)) is applies
+
+
+@pytest.mark.parametrize("value", [("given", torch.arange(2.0)), ("saved", {"a": 1}),
+                                   ("given", "s"), ("saved", [1, 2])])
+def test_value_code_evaluates_to_an_equal_value(value):
+    back = eval(_value_code(value), {"torch": torch})
+    assert type(back) is tuple and back[0] == value[0]
+    if isinstance(value[1], torch.Tensor):
+        assert torch.equal(back[1], value[1])
+    else:
+        assert back[1] == value[1]

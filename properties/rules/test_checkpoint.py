@@ -507,12 +507,23 @@ def test_extra_state_round_trip(target, module, data):
                                                      swap=False))
     _check_extra_outcome(check, holder, outcome, given_as, strict, new, old, before)
     check.verdict(partial(script_repro, example, target, body=[
-        *HOLDER_LINES, f"state = {{**holder.state_dict(), 'extra._extra_state': {new!r}}}",
-        *([f"state['tree._extra_state'] = {new!r}"] if given_as == "unexpected" else []),
+        *HOLDER_LINES,
+        f"state = {{**holder.state_dict(), 'extra._extra_state': {_value_code(new)}}}",
+        *([f"state['tree._extra_state'] = {_value_code(new)}"] if given_as == "unexpected"
+          else []),
         *(["del state['extra._extra_state']"] if given_as == "missing" else []),
         f"out = outcome(lambda: target_load_state_dict(holder, state, strict={strict}, "
         "assign=False, swap=False))",
         "observed = {'extra state': repr(holder.extra.state), 'error': describe(out)}"]))
+
+
+def _value_code(value: Any) -> str:
+    """Python code for a drawn extra state: tensors as ``torch.tensor(...)``, tuples itemwise."""
+    if isinstance(value, Tensor):
+        return f"torch.tensor({value.tolist()!r})"
+    if isinstance(value, tuple):
+        return f"({', '.join(_value_code(v) for v in value)},)"
+    return repr(value)
 
 
 def _check_extra_outcome(check: Checker, holder: nn.Module, outcome: Outcome, given_as: str,
