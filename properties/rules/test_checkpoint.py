@@ -485,8 +485,9 @@ def test_extra_state_round_trip(target, module, data):
     saved in and loaded from the state dict; checkpoints of modules with Python-side state,
     such as quantization observers and Transformer Engine's FP8 metadata).
     """
-    old, new = data.draw(extra_states(), label="old state"), data.draw(extra_states(),
-                                                                      label="new state")
+    # tagged, so the saved and the given state are distinct objects that compare unequal
+    old = ("saved", data.draw(extra_states(), label="saved state"))
+    new = ("given", data.draw(extra_states(), label="given state"))
     given_as = data.draw(st.sampled_from(["given", "missing", "unexpected"]), label="extra key")
     strict = data.draw(st.booleans(), label="strict")
     holder = _holder(module, old)
@@ -716,7 +717,8 @@ def test_parameter_vector_round_trip(target, data):
     check.that(vector.numel() == sum(p.numel() for p in params)
                and same_values(vector, torch.cat([v.reshape(-1) for v in values])), "vector",
                "parameters_to_vector does not give the parameters' values in order")
-    refused = attempt(lambda: torch.nn.utils.vector_to_parameters(vector.tolist(), params))
+    not_tensor = [0.0] * vector.numel()
+    refused = attempt(lambda: torch.nn.utils.vector_to_parameters(not_tensor, params))
     check.that(isinstance(refused.error, TypeError), "not-tensor",
                f"a list for the vector gave {refused.error!r}, expected TypeError")
     torch.nn.utils.vector_to_parameters(vector, params)
