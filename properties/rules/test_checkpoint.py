@@ -563,8 +563,8 @@ def _hooked_modules(holder: nn.Module) -> list[nn.Module]:
 @given(module=loadable_trees, data=st.data())
 def test_load_hooks(target, module, data):
     """The target's ``load_state_dict`` runs each module's load pre-hooks once per path of the
-    module, before loading it, with its prefix and the whole state dict, and its load
-    post-hooks once per path, after its children, with the keys the load returns.
+    module, before loading it, with its prefix and the state dict's entries under that prefix,
+    and its load post-hooks once per path, after its children, with the keys the load returns.
 
     Origin: ``register_load_state_dict_pre_hook``/``register_load_state_dict_post_hook``
     (their documented signatures; checkpoint converters rename keys in a pre-hook).
