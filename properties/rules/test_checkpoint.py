@@ -112,7 +112,7 @@ def _input() -> Tensor:
 # ---------------------------------------------------------------- whole-module pickling
 
 
-@spec_property("CHECKPOINT-PICKLE", examples_divisor=4)
+@spec_property("CHECKPOINT-PICKLE", examples_divisor=8)
 @given(data=st.data())
 def test_converted_module_pickles(target, data):
     """A module the target converted comes back from ``torch.save``/``torch.load`` and from
@@ -217,7 +217,7 @@ def _reread(module: nn.Module) -> nn.Module:
     return twin
 
 
-@spec_property("CHECKPOINT-RNN-FLAT-WEIGHTS", examples_divisor=4)
+@spec_property("CHECKPOINT-RNN-FLAT-WEIGHTS", examples_divisor=8)
 @given(data=st.data())
 def test_converted_rnn_flat_weights(target, data):
     """After the target converts an RNN, its flat weights are its parameters, ``all_weights``
@@ -271,7 +271,7 @@ def legacy_state(rnn: nn.RNNBase) -> dict[str, Any]:
     return state
 
 
-@spec_property("CHECKPOINT-RNN-LEGACY", examples_divisor=4)
+@spec_property("CHECKPOINT-RNN-LEGACY", examples_divisor=8)
 @given(data=st.data())
 def test_legacy_rnn_state(target, data):
     """An RNN the target converted, unpickled from the state torch before 1.8 saved (its
@@ -472,7 +472,7 @@ HOLDER_LINES = [*EXTRA_STATE_SOURCE, "holder = torch.nn.Module()", "holder.tree 
                 "holder.extra = ExtraState(0)"]
 
 
-@spec_property("CHECKPOINT-EXTRA-STATE", examples_divisor=2)
+@spec_property("CHECKPOINT-EXTRA-STATE", examples_divisor=4)
 @given(module=loadable_trees, data=st.data())
 def test_extra_state_round_trip(target, module, data):
     """A module's extra state is in its state dict under ``<path>._extra_state`` as the object
@@ -637,7 +637,7 @@ def _post_after_children(seen: list[tuple[str, int, Any]], holder: nn.Module) ->
     return True
 
 
-@spec_property("CHECKPOINT-POST-HOOK-RETURN", examples_divisor=2)
+@spec_property("CHECKPOINT-POST-HOOK-RETURN", examples_divisor=4)
 @given(module=loadable_trees, data=st.data())
 def test_post_hook_returning_a_value(target, module, data):
     """A load post-hook that returns a value (instead of editing the keys in place) makes the
