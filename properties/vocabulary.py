@@ -39,9 +39,15 @@ LOAD = (
     "LOAD-ATOMIC", "LOAD-IDENTITY", "LOAD-KEYS", "LOAD-PATH", "LOAD-ROUND-TRIP", "LOAD-TIES",
     "LOAD-VALUES",
 )
+CHECKPOINT = (
+    "CHECKPOINT-EXTRA-STATE", "CHECKPOINT-LOAD-HOOKS", "CHECKPOINT-META-TO",
+    "CHECKPOINT-NOT-A-MAPPING", "CHECKPOINT-PICKLE",
+    "CHECKPOINT-POST-HOOK-RETURN", "CHECKPOINT-RNN-FLAT-WEIGHTS", "CHECKPOINT-RNN-LEGACY",
+    "CHECKPOINT-STATE-DICT-FORMS", "CHECKPOINT-VECTOR",
+)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
-    "sequences": SEQUENCES, "load_state_dict": LOAD,
+    "sequences": SEQUENCES, "load_state_dict": LOAD, "checkpoint": CHECKPOINT,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 
@@ -51,6 +57,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "apply": ("apply",), "functional_call": ("functional_call",),
     "together": ("apply", "functional_call"), "xla": ("apply",),
     "load_state_dict": ("load_state_dict",), "sequences": ("apply", "functional_call"),
+    "checkpoint": ("apply",),
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
@@ -60,6 +67,11 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "XLA-LOAD-FROM": ("load_state_dict",),
     "XLA-LOAD-INTO": ("load_state_dict",),
     "XLA-SET-DATA-REFUSED": (),  # a fact about the torch build, whatever the target
+    "CHECKPOINT-EXTRA-STATE": ("load_state_dict",),
+    "CHECKPOINT-LOAD-HOOKS": ("load_state_dict",),
+    "CHECKPOINT-NOT-A-MAPPING": ("load_state_dict",),
+    "CHECKPOINT-POST-HOOK-RETURN": ("load_state_dict",),
+    "CHECKPOINT-STATE-DICT-FORMS": ("load_state_dict",),
 }
 
 

@@ -10,17 +10,22 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 
-def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = ()) -> Callable:
+def spec_property(property_id: str, *, suppress: tuple[HealthCheck, ...] = (),
+                  examples_divisor: int = 1) -> Callable:
     """Mark a test as the check of one property, for the report and deviation lookup.
 
     Also relaxes what a host profile may set that does not fit torch: the deadline
     (torch's first calls are slow and machines are noisy), the too-slow and data-too-large
     health checks, and any in ``suppress``; and always prints a failure's
     ``@reproduce_failure`` blob, so a random run's failure can be replayed exactly.
+    ``examples_divisor`` runs that share of the loaded profile's ``max_examples`` (at least
+    one), for a property whose every example builds and copies whole modules.
     """
+    share = {} if examples_divisor == 1 else {
+        "max_examples": max(1, settings().max_examples // examples_divisor)}
     relax = settings(deadline=None, print_blob=True,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                            *suppress])
+                                            *suppress], **share)
 
     def mark(test: Callable) -> Callable:
         return pytest.mark.swapspec_property(property_id)(relax(test))

@@ -552,3 +552,12 @@ def _load_value_code(value: Any, own: dict[int, str], slot: Any) -> str:
             value.dtype == slot.dtype and torch._C._is_alias_of(value, slot):
         return f"{own[id(slot)]}.detach()"
     return _value_code(value, own)
+
+
+def script_repro(example: Any, target: Any, violations: list[Violation], body: list[str], *,
+                 verify: bool = True) -> str:
+    """A script that builds the example's module and runs ``body`` on ``target``.
+
+    ``body`` starts from ``module = build_module()``, calls the target through ``target_apply``
+    or ``target_load_state_dict`` and sets ``observed``, the dict compared with the reference."""
+    return _script(example.module, target, ["module = build_module()", *body], violations, verify)

@@ -69,6 +69,7 @@ from swapspec.properties.declarations.torch import (
     TORCH_DEVIATIONS,
     TORCH_METHOD_DEVIATIONS,
 )
+from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
 from swapspec.properties.declarations.xla import XLA_DEVIATIONS
 from swapspec.properties.vocabulary import Deviation
@@ -244,13 +245,14 @@ def builtin_target(name: str) -> Target:
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
-                                  + LOAD_DEVIATIONS),
+                                  + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
-                                  + STATELESS_DEVIATIONS + LOAD_DEVIATIONS),
+                                  + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
+                                  + CHECKPOINT_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)
