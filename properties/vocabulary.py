@@ -39,9 +39,10 @@ LOAD = (
     "LOAD-ATOMIC", "LOAD-IDENTITY", "LOAD-KEYS", "LOAD-PATH", "LOAD-ROUND-TRIP", "LOAD-TIES",
     "LOAD-VALUES",
 )
+REGISTRATION = ("REGISTER-HOOKS", "REGISTER-REFUSED", "REGISTER-SLOT", "REGISTER-SWAP-REFUSED")
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
-    "sequences": SEQUENCES, "load_state_dict": LOAD,
+    "sequences": SEQUENCES, "load_state_dict": LOAD, "registration": REGISTRATION,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 
@@ -51,6 +52,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "apply": ("apply",), "functional_call": ("functional_call",),
     "together": ("apply", "functional_call"), "xla": ("apply",),
     "load_state_dict": ("load_state_dict",), "sequences": ("apply", "functional_call"),
+    "registration": ("apply",),  # the registration methods a target lacks are built beside apply
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
@@ -60,6 +62,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "XLA-LOAD-FROM": ("load_state_dict",),
     "XLA-LOAD-INTO": ("load_state_dict",),
     "XLA-SET-DATA-REFUSED": (),  # a fact about the torch build, whatever the target
+    "REGISTER-SWAP-REFUSED": (),  # the target's swap_tensors, torch's by default
 }
 
 
