@@ -204,7 +204,9 @@ def _bad_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
 @st.composite
 def registration_calls(draw: Any, module: nn.Module, kinds: tuple[str, ...] = ("good", "bad"),
                        methods: tuple[str, ...] = REGISTRATION_METHODS) -> RegistrationCall:
-    """A registration call on one of ``module``'s plain owners, of one of ``kinds``."""
+    """A registration call on one of ``module``'s plain owners, of one of ``kinds``: the
+    method, then the defect (a good form: the registry it ends in), then the form, each drawn
+    evenly."""
     paths = owners(module)
     if not paths:
         from hypothesis import reject
@@ -215,7 +217,12 @@ def registration_calls(draw: Any, module: nn.Module, kinds: tuple[str, ...] = ("
     forms = [*(_good_forms(owner, path) if "good" in kinds else ()),
              *(_bad_forms(owner, path) if "bad" in kinds else ())]
     forms = [f for f in forms if f.method in methods]
-    return draw(st.sampled_from(forms), label="registration")
+    method = draw(st.sampled_from(sorted({f.method for f in forms})), label="method")
+    forms = [f for f in forms if f.method == method]
+    group = draw(st.sampled_from(sorted({(f.kind, f.defect or f.ends) for f in forms})),
+                 label="kind and defect")
+    return draw(st.sampled_from([f for f in forms if (f.kind, f.defect or f.ends) == group]),
+                label="registration")
 
 
 # ---- swap_tensors ---------------------------------------------------------------------------
