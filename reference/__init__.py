@@ -64,12 +64,12 @@ from swapspec.reference.methods import (
 from swapspec.reference.methods import (
     type as type,  # reference.type(module, dst_type); likewise
 )
-from swapspec.reference.registration import swap_tensors
 from swapspec.reference.overrides import (
     ApplyOverrideError,
     register_apply_override,
     unregister_apply_override,
 )
+from swapspec.reference.registration import swap_tensors
 
 name = "reference"
 

@@ -215,7 +215,7 @@ def setattr(module: nn.Module, name: str, value: Any, *, overwrite: bool | None 
             raise TypeError(f"cannot assign '{torch.typename(value)}' as child module '{name}' "
                             "(torch.nn.Module or None expected)")
         _put_child(module, name, None)
-    elif isinstance(value, Buffer) or buffers is not None and name in buffers:
+    elif isinstance(value, Buffer) or (buffers is not None and name in buffers):
         if value is not None and not _is_tensor_like(value):
             raise TypeError(f"cannot assign '{torch.typename(value)}' as buffer '{name}' "
                             "(torch.nn.Buffer, torch.Tensor or None expected)")

@@ -9,7 +9,7 @@ tree (``owner``, its path), written as the source of torch's arguments (evaluate
   ``buffer``, ``module``, ``attribute`` or ``removed``) and, for a buffer, its persistence;
 * ``bad``: a form with one defect (``defect``: a name that is not a string, dotted, empty or
   another attribute's; a value of the wrong kind; a non-leaf ``Parameter``; a missing name for
-  ``delattr``), the error type torch raises (``error``) and a word its message must hold
+  ``delattr``; a module whose ``__init__`` never ran, ``uninitialized``), the error type torch raises (``error``) and a word its message must hold
   (``mention``).
 
 Owners are the tree's modules whose registration methods are ``nn.Module``'s own (a module that
@@ -60,9 +60,16 @@ class RegistrationCall:
         return f"{self.name!r}{value}{self.extra}"
 
     @property
+    def owner_code(self) -> str:
+        """The source of the module the call is made on, from the tree ``module``: a fresh
+        ``nn.Module`` whose ``__init__`` never ran for the ``uninitialized`` defect."""
+        if self.defect == "uninitialized":
+            return "torch.nn.Module.__new__(torch.nn.Module)"
+        return f"module.get_submodule({self.owner!r})" if self.owner else "module"
+
+    @property
     def label(self) -> str:
-        where = f"module.get_submodule({self.owner!r})" if self.owner else "module"
-        return f"{self.method}({where}, {self.arguments})"
+        return f"{self.method}({self.owner_code}, {self.arguments})"
 
     def args(self) -> tuple[tuple, dict]:
         """Fresh ``(args, kwargs)`` evaluated from ``arguments``."""
@@ -112,7 +119,7 @@ def _plain_attribute(owner: nn.Module) -> str | None:
     return found[0] if found else None
 
 
-def _good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
+def good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
     params, buffers = list(owner._parameters), list(owner._buffers)
     children, plain = list(owner._modules), _plain_attribute(owner)
     out: list[RegistrationCall] = []
@@ -153,7 +160,7 @@ def _good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
     return out
 
 
-def _bad_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
+def bad_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
     params, buffers = list(owner._parameters), list(owner._buffers)
     children, plain = list(owner._modules), _plain_attribute(owner)
     out: list[RegistrationCall] = []
@@ -198,6 +205,9 @@ def _bad_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
     for name in buffers[:1]:
         bad("setattr", name, "int", "slot-kind", TypeError, name)
     bad("delattr", FRESH, "", "name-missing", AttributeError, FRESH)
+    for method, value in (("register_parameter", "param"), ("register_buffer", "tensor"),
+                          ("setattr", "param"), ("setattr", "module")):
+        bad(method, FRESH, value, "uninitialized", AttributeError, "__init__")
     return out
 
 
@@ -214,8 +224,8 @@ def registration_calls(draw: Any, module: nn.Module, kinds: tuple[str, ...] = ("
         reject()
     path = draw(st.sampled_from(paths), label="owner")
     owner = module.get_submodule(path)
-    forms = [*(_good_forms(owner, path) if "good" in kinds else ()),
-             *(_bad_forms(owner, path) if "bad" in kinds else ())]
+    forms = [*(good_forms(owner, path) if "good" in kinds else ()),
+             *(bad_forms(owner, path) if "bad" in kinds else ())]
     forms = [f for f in forms if f.method in methods]
     method = draw(st.sampled_from(sorted({f.method for f in forms})), label="method")
     forms = [f for f in forms if f.method == method]

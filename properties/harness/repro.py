@@ -317,7 +317,7 @@ def registration_repro(example: Any, target: Any, violations: list[Violation], *
     ``strategies.registrations.RegistrationCall``) on ``target`` and shows the broken rule;
     ``setup`` lines run before the call."""
     call = example.method
-    body = ["module = build_module()", f"owner = module.get_submodule({call.owner!r})", *setup,
+    body = ["module = build_module()", f"owner = {call.owner_code}", *setup,
             "before = named(module)", "snap = snapshot(module)",
             "try:",
             f"    out = {call.code()}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,13 +23,20 @@ from swapspec.properties.models.outcomes import Outcome, attempt
 from swapspec.properties.rules.clauses import no_error
 from swapspec.strategies import FlagSetting, module_trees
 from swapspec.strategies.registrations import (
+    REGISTRATION_METHODS,
     RegistrationCall,
     SwapPair,
     registration_calls,
     swap_pairs,
 )
 
-trees = module_trees(max_depth=2, max_leaves=3, wrapper_chance=0)
+trees = module_trees(max_depth=1, max_leaves=2, wrapper_chance=0)
+# The methods drawn together: one test item each, so every method gets the profile's examples.
+METHOD_GROUPS = {"parameter": ("register_parameter",), "buffer": ("register_buffer",),
+                 "module": ("add_module", "register_module"), "setattr": ("setattr", "delattr")}
+by_method = pytest.mark.parametrize("methods", list(METHOD_GROUPS.values()), ids=list(METHOD_GROUPS))
+by_form = pytest.mark.parametrize("methods", [REGISTRATION_METHODS[:4], ("setattr", "delattr")],
+                                  ids=["register", "setattr"])
 NO_FLAGS = FlagSetting(overwrite=False, swap=False)  # registration converts nothing
 KINDS = ("parameter", "buffer", "module")
 REGISTRIES = {"parameter": "_parameters", "buffer": "_buffers", "module": "_modules"}
@@ -53,8 +61,10 @@ def registration_state(module: nn.Module) -> dict[str, tuple]:
 
 
 def _setup(property_id: str, target: Any, module: nn.Module, call: RegistrationCall):
+    """The example, its checker and the module the call is made on (``call.owner_code``)."""
     example = Example(module, method=call, flags=NO_FLAGS)
-    return example, Checker(property_id, target, example), module.get_submodule(call.owner)
+    owner = eval(call.owner_code, {"torch": torch, "module": module})
+    return example, Checker(property_id, target, example), owner
 
 
 def _verdict(check: Checker, example: Example, target: Any, setup: list[str] = ()) -> None:
@@ -62,10 +72,12 @@ def _verdict(check: Checker, example: Example, target: Any, setup: list[str] = (
 
 
 @spec_property("REGISTER-REFUSED")
+@by_method
 @given(data=st.data())
-def test_refused_registration_leaves_module_as_it_was(target, data):
+def test_refused_registration_leaves_module_as_it_was(target, methods, data):
     """A refused registration (a name that is not a string, dotted, empty or another attribute's;
-    a value of the wrong kind; a non-leaf ``Parameter``; ``delattr`` of a missing name) raises
+    a value of the wrong kind; a non-leaf ``Parameter``; ``delattr`` of a missing name; a module
+    whose ``__init__`` never ran) raises
     torch's error type with a message that names the cause, and leaves the module exactly as it
     was (every slot's object and value, every class, ``__dict__``, hook table and
     non-persistent set).
@@ -74,7 +86,7 @@ def test_refused_registration_leaves_module_as_it_was(target, data):
     ``m.buf = p`` with a non-leaf ``p`` drops the buffer in torch 2.13 before it raises.
     """
     module = data.draw(trees, label="module")
-    call = data.draw(registration_calls(module, kinds=("bad",)), label="call")
+    call = data.draw(registration_calls(module, kinds=("bad",), methods=methods), label="call")
     example, check, owner = _setup("REGISTER-REFUSED", target, module, call)
     world, before = invariants.world([module]), registration_state(module)
     args, kwargs = call.args()
@@ -179,8 +191,9 @@ def _check_load_sees(check: Checker, target: Any, module: nn.Module, owner: nn.M
 
 
 @spec_property("REGISTER-SLOT")
+@by_form
 @given(data=st.data())
-def test_registration_fills_exactly_its_slot(target, data):
+def test_registration_fills_exactly_its_slot(target, methods, data):
     """A valid registration (each form, ``None`` values included) puts the given object under
     the name in the registry of its kind and in no other (a buffer with its persistence), changes
     no other slot, and the new slot is what the target's ``apply`` and ``load_state_dict`` see: a
@@ -191,7 +204,7 @@ def test_registration_fills_exactly_its_slot(target, data):
     parameter keeps it registered) and pytorch #95431 (``m.weight = None`` then ``load_state_dict``).
     """
     module = data.draw(trees, label="module")
-    call = data.draw(registration_calls(module, kinds=("good",)), label="call")
+    call = data.draw(registration_calls(module, kinds=("good",), methods=methods), label="call")
     example, check, owner = _setup("REGISTER-SLOT", target, module, call)
     keys = {_key(p, call.name) for p in _paths_of(module, owner)}
     before = slots(module)
@@ -235,8 +248,9 @@ def _fires(call: RegistrationCall, value: Any) -> bool:
 
 
 @spec_property("REGISTER-HOOKS")
+@by_form
 @given(data=st.data())
-def test_global_registration_hooks(target, data):
+def test_global_registration_hooks(target, methods, data):
     """Each registration of a parameter, buffer or child fires the global registration hooks of
     its kind (``torch.nn.modules.module.register_module_*_registration_hook``) exactly once with
     ``(module, name, value)`` and no hook of another kind; a hook's non-None return is what the
@@ -247,8 +261,7 @@ def test_global_registration_hooks(target, data):
     """
     module = data.draw(trees, label="module")
     call = data.draw(registration_calls(module, kinds=("good",),
-                                        methods=("register_parameter", "register_buffer",
-                                                 "add_module", "register_module", "setattr")),
+                                        methods=tuple(m for m in methods if m != "delattr")),
                      label="call")
     replace = data.draw(st.booleans(), label="hook replaces the value")
     example, check, owner = _setup("REGISTER-HOOKS", target, module, call)
