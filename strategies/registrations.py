@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from hypothesis import event
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
@@ -231,6 +232,7 @@ def registration_calls(draw: Any, module: nn.Module, kinds: tuple[str, ...] = ("
     forms = [f for f in forms if f.method == method]
     group = draw(st.sampled_from(sorted({(f.kind, f.defect or f.ends) for f in forms})),
                  label="kind and defect")
+    event(f"registration: {method} {group[0]} {group[1]}")
     return draw(st.sampled_from([f for f in forms if (f.kind, f.defect or f.ends) == group]),
                 label="registration")
 
