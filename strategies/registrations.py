@@ -120,8 +120,17 @@ def _plain_attribute(owner: nn.Module) -> str | None:
     return found[0] if found else None
 
 
+def _free_slots(owner: nn.Module, table: dict) -> list[str]:
+    """The names of ``table`` no old-style reparametrization hook of ``owner`` reads (weight
+    norm's ``p_g``/``p_v``, spectral norm's and pruning's ``weight_orig``...): removing or
+    replacing one leaves a module whose forward pre-hook cannot run, which no rule here is about."""
+    hooked = [getattr(h, "name", None) or getattr(h, "_tensor_name", None)
+              for h in owner._forward_pre_hooks.values()]
+    return [n for n in table if not any(h and n.startswith(f"{h}_") for h in hooked)]
+
+
 def good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
-    params, buffers = list(owner._parameters), list(owner._buffers)
+    params, buffers = _free_slots(owner, owner._parameters), _free_slots(owner, owner._buffers)
     children, plain = list(owner._modules), _plain_attribute(owner)
     out: list[RegistrationCall] = []
 
@@ -162,7 +171,7 @@ def good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
 
 
 def bad_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
-    params, buffers = list(owner._parameters), list(owner._buffers)
+    params, buffers = _free_slots(owner, owner._parameters), _free_slots(owner, owner._buffers)
     children, plain = list(owner._modules), _plain_attribute(owner)
     out: list[RegistrationCall] = []
 

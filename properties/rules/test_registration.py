@@ -17,6 +17,7 @@ from torch.nn.modules import module as torch_module
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.repro import registration_repro
+from swapspec.properties.harness.target_calls import call_target
 from swapspec.properties.models import invariants
 from swapspec.properties.models.examples import Example, same_values, slots
 from swapspec.properties.models.outcomes import Outcome, attempt
@@ -190,15 +191,37 @@ def _check_load_sees(check: Checker, target: Any, module: nn.Module, owner: nn.M
                    f"load_state_dict did not load {key!r} after {call.label}")
 
 
+def _check_call_sees(check: Checker, target: Any, module: nn.Module, owner: nn.Module,
+                     call: RegistrationCall, value: Any) -> None:
+    """Clause ``not-visible``: a functional call given a new tensor under the registered name
+    shows the owner's forward that tensor (where the owner's forward runs and returns)."""
+    x = invariants.input_for(module)
+    if (not target.has("functional_call") or call.ends not in ("parameter", "buffer")
+            or not isinstance(value, torch.Tensor) or x is None):
+        return
+    key = _key(_paths_of(module, owner)[0], call.name)
+    given = torch.ones_like(value)
+    seen: list[Any] = []
+    handle = owner.register_forward_pre_hook(lambda m, args: seen.append(getattr(m, call.name)))
+    try:
+        outcome = attempt(lambda: call_target(target, module, {key: given}, (x,), {}))
+    finally:
+        handle.remove()
+    if outcome.error is None and seen:
+        check.that(seen[0] is given, "not-visible",
+                   f"forward saw another tensor than the one given under {key!r} after "
+                   f"{call.label}")
+
+
 @spec_property("REGISTER-SLOT")
 @by_form
 @given(data=st.data())
 def test_registration_fills_exactly_its_slot(target, methods, data):
     """A valid registration (each form, ``None`` values included) puts the given object under
     the name in the registry of its kind and in no other (a buffer with its persistence), changes
-    no other slot, and the new slot is what the target's ``apply`` and ``load_state_dict`` see: a
-    tensor is converted and loaded, a ``None`` slot stays registered and is skipped (its key
-    unexpected), a removed name is gone.
+    no other slot, and the new slot is what the target's ``apply``, ``load_state_dict`` and
+    ``functional_call`` see: a tensor is converted, loaded and replaced for the call, a ``None``
+    slot stays registered and is skipped (its key unexpected), a removed name is gone.
 
     Origin: ``nn.Module.__setattr__``'s rules (a ``Parameter`` over a buffer, ``None`` over a
     parameter keeps it registered) and pytorch #95431 (``m.weight = None`` then ``load_state_dict``).
@@ -216,6 +239,7 @@ def test_registration_fills_exactly_its_slot(target, methods, data):
         _check_others_kept(check, module, before, keys)
         _check_apply_sees(check, target, module, value, call.label)
         _check_load_sees(check, target, module, owner, call, value)
+        _check_call_sees(check, target, module, owner, call, value)
     _verdict(check, example, target)
 
 
