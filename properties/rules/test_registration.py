@@ -194,12 +194,14 @@ def _check_load_sees(check: Checker, target: Any, module: nn.Module, owner: nn.M
 def _check_call_sees(check: Checker, target: Any, module: nn.Module, owner: nn.Module,
                      call: RegistrationCall, value: Any) -> None:
     """Clause ``not-visible``: a functional call given a new tensor under the registered name
-    shows the owner's forward that tensor (where the owner's forward runs and returns)."""
+    shows the owner's forward that tensor (where the owner's forward runs and returns, and the
+    owner has one path)."""
     x = invariants.input_for(module)
+    paths = _paths_of(module, owner)
     if (not target.has("functional_call") or call.ends not in ("parameter", "buffer")
-            or not isinstance(value, torch.Tensor) or x is None):
-        return
-    key = _key(_paths_of(module, owner)[0], call.name)
+            or not isinstance(value, torch.Tensor) or x is None or len(paths) > 1):
+        return  # a shared owner's slot has a name per path: FC-RESTORE's and FC-TIES' rules
+    key = _key(paths[0], call.name)
     given = torch.ones_like(value)
     seen: list[Any] = []
     handle = owner.register_forward_pre_hook(lambda m, args: seen.append(getattr(m, call.name)))
