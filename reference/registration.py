@@ -68,7 +68,7 @@ def _check_initialized(module: nn.Module, registry: str, what: str) -> None:
         raise AttributeError(f"cannot assign {what} before Module.__init__() call")
 
 
-def _check_name(module: nn.Module, name: Any, kind: str, taken: bool) -> None:
+def _check_name(name: Any, kind: str, taken: bool) -> None:
     """Rule 1 for a parameter's or buffer's name; ``taken``: another attribute has it."""
     if not isinstance(name, str):
         raise TypeError(f"{kind} name should be a string. Got {torch.typename(name)}")
@@ -86,7 +86,7 @@ def _is_tensor_like(value: Any) -> bool:
 
 def _check_parameter(module: nn.Module, name: Any, param: Any, taken: bool) -> None:
     _check_initialized(module, "_parameters", "parameter")
-    _check_name(module, name, "parameter", taken)
+    _check_name(name, "parameter", taken)
     if param is None:
         return
     if not isinstance(param, Parameter):
@@ -104,7 +104,7 @@ def _check_buffer(module: nn.Module, name: Any, tensor: Any, persistent: bool,
     if persistent is False and isinstance(module, torch.jit.ScriptModule):
         raise RuntimeError("ScriptModule does not support non-persistent buffers")
     _check_initialized(module, "_buffers", "buffer")
-    _check_name(module, name, "buffer", taken)
+    _check_name(name, "buffer", taken)
     if tensor is not None and not _is_tensor_like(tensor):
         raise TypeError(f"cannot assign '{torch.typename(tensor)}' object to buffer '{name}' "
                         "(torch Tensor or None required)")

@@ -16,7 +16,7 @@ from torch.nn.modules import module as torch_module
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
-from swapspec.properties.harness.repro import registration_repro
+from swapspec.properties.harness.repro import is_torch, registration_repro
 from swapspec.properties.harness.target_calls import call_target
 from swapspec.properties.models import invariants
 from swapspec.properties.models.examples import Example, same_values, slots
@@ -313,11 +313,10 @@ def test_global_registration_hooks(target, methods, data):
                "the global registration hook tables differ after the handles were removed")
     if no_error(check, outcome, call.label):
         wanted = [(call.ends, owner, call.name, value)] if _fires(call, value) else []
-        got = [(k, m, n, v) for k, m, n, v in calls]
-        check.that(len(got) == len(wanted) and all(
+        check.that(len(calls) == len(wanted) and all(
             a[0] == b[0] and a[1] is b[1] and a[2] == b[2] and a[3] is b[3]
-            for a, b in zip(got, wanted, strict=False)), "hook-calls",
-            f"{call.label} fired {[(k, n, type(v).__name__) for k, _, n, v in got]}, not "
+            for a, b in zip(calls, wanted, strict=False)), "hook-calls",
+            f"{call.label} fired {[(k, n, type(v).__name__) for k, _, n, v in calls]}, not "
             f"{[(k, n, type(v).__name__) for k, _, n, v in wanted]}")
         if swapped is not None and _fires(call, value):
             held = getattr(owner, REGISTRIES[call.ends]).get(call.name)
@@ -357,12 +356,21 @@ def _same_state(a: tuple, b: tuple) -> bool:
 
 
 def swap_repro(pair: SwapPair, target: Any, violations: list) -> str:
-    """A plain-torch script of the pair's swap (``target.swap_tensors`` for other targets)."""
-    swap = ("torch.utils.swap_tensors" if target.selector.startswith("torch")
-            else f"target_swap  # the swap_tensors of target {target.selector!r}")
-    lines = ["import weakref", "import torch", "", *SLOTTED, pair.setup(),
-             f"{swap.split('  ')[0]}(t1, t2)  # " + "; ".join(v.message for v in violations)]
-    return "\n".join(lines) + "\n"
+    """A standalone script of the pair's swap: ``torch.utils.swap_tensors`` for the torch
+    targets, else the target's own ``swap_tensors`` (loaded by its selector)."""
+    swap, load = "torch.utils.swap_tensors", []
+    if not is_torch(target):
+        swap = "swap_tensors"
+        load = ["from swapspec.properties.harness.targets import load_target", "",
+                f"swap_tensors = load_target({target.selector!r}).swap_tensors"]
+    return "\n".join(["import weakref", "", "import torch", *load, "", *SLOTTED, pair.setup(),
+                      *(f"# broken rule [{v.clause}]: {v.message}" for v in violations),
+                      "cdata = (t1._cdata, t2._cdata)",
+                      "try:", f"    {swap}(t1, t2)", "    error = None",
+                      "except Exception as e:", "    error = e",
+                      f"assert isinstance(error, RuntimeError) and {pair.mention!r} in str(error), "
+                      "repr(error)",
+                      "assert (t1._cdata, t2._cdata) == cdata, 'the refused swap swapped'"]) + "\n"
 
 
 @spec_property("REGISTER-SWAP-REFUSED")
