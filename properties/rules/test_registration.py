@@ -169,11 +169,20 @@ def _check_apply_sees(check: Checker, target: Any, module: nn.Module, value: Any
                    f"apply's fn never saw the tensor registered by {label}")
 
 
+def _plain_loader(owner: nn.Module) -> bool:
+    """Whether ``owner`` loads by ``nn.Module``'s own rules: no ``_load_from_state_dict`` of its
+    own (``InstanceNorm1d`` refuses running stats it does not track) and no load hooks."""
+    return (type(owner)._load_from_state_dict is nn.Module._load_from_state_dict
+            and not owner._load_state_dict_pre_hooks and not owner._load_state_dict_post_hooks)
+
+
 def _check_load_sees(check: Checker, target: Any, module: nn.Module, owner: nn.Module,
                      call: RegistrationCall, value: Any) -> None:
     """Clause ``not-visible``: ``load_state_dict`` loads the name where a persistent tensor is
-    registered, and reports it unexpected where ``None`` (or nothing) is."""
-    if target.load_state_dict is None or call.ends not in ("parameter", "buffer", "removed"):
+    registered, and reports it unexpected where ``None`` (or nothing) is (on an owner that
+    loads by ``nn.Module``'s own rules)."""
+    if (target.load_state_dict is None or call.ends not in ("parameter", "buffer", "removed")
+            or not _plain_loader(owner)):
         return
     key = _key(_paths_of(module, owner)[0], call.name)
     loads = isinstance(value, torch.Tensor) and call.ends != "removed" and call.persistent
