@@ -235,7 +235,8 @@ def test_registration_fills_exactly_its_slot(target, methods, data):
     slot stays registered and is skipped (its key unexpected), a removed name is gone.
 
     Origin: ``nn.Module.__setattr__``'s rules (a ``Parameter`` over a buffer, ``None`` over a
-    parameter keeps it registered) and pytorch #95431 (``m.weight = None`` then ``load_state_dict``).
+    parameter keeps it registered) and ``register_parameter``'s and ``register_buffer``'s
+    documented ``None`` slot (left out of ``state_dict``, skipped by ``cuda``).
     """
     module = data.draw(trees, label="module")
     call = data.draw(registration_calls(module, kinds=("good",), methods=methods), label="call")
@@ -291,8 +292,8 @@ def test_global_registration_hooks(target, methods, data):
     ``(module, name, value)`` and no hook of another kind; a hook's non-None return is what the
     slot holds; removing the hooks' handles leaves the global hook tables as they were.
 
-    Origin: pytorch #89296 (the global registration hooks), used by ``torch.distributed`` to
-    replace parameters as they are registered.
+    Origin: the documentation of ``register_module_parameter_registration_hook`` and its
+    buffer and module counterparts (a hook may return a new value to register instead).
     """
     module = data.draw(trees, label="module")
     call = data.draw(registration_calls(module, kinds=("good",),
