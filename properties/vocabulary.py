@@ -45,9 +45,11 @@ CHECKPOINT = (
     "CHECKPOINT-POST-HOOK-RETURN", "CHECKPOINT-RNN-FLAT-WEIGHTS", "CHECKPOINT-RNN-LEGACY",
     "CHECKPOINT-STATE-DICT-FORMS", "CHECKPOINT-VECTOR",
 )
+REGISTRATION = ("REGISTER-HOOKS", "REGISTER-REFUSED", "REGISTER-SLOT", "REGISTER-SWAP-REFUSED")
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
     "sequences": SEQUENCES, "load_state_dict": LOAD, "checkpoint": CHECKPOINT,
+    "registration": REGISTRATION,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 
@@ -58,6 +60,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "together": ("apply", "functional_call"), "xla": ("apply",),
     "load_state_dict": ("load_state_dict",), "sequences": ("apply", "functional_call"),
     "checkpoint": ("apply",),
+    "registration": ("apply",),  # the registration methods a target lacks are built beside apply
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
@@ -72,6 +75,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "CHECKPOINT-NOT-A-MAPPING": ("load_state_dict",),
     "CHECKPOINT-POST-HOOK-RETURN": ("load_state_dict",),
     "CHECKPOINT-STATE-DICT-FORMS": ("load_state_dict",),
+    "REGISTER-SWAP-REFUSED": (),  # the target's swap_tensors, torch's by default
 }
 
 

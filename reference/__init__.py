@@ -30,7 +30,7 @@ The suite checks them after every one-shot property and every step of every sequ
 (``swapspec.properties.models.invariants``).
 """
 
-from swapspec.reference import methods
+from swapspec.reference import methods, registration
 from swapspec.reference.apply import apply, choose_path
 from swapspec.reference.flags import (
     flags,
@@ -43,11 +43,15 @@ from swapspec.reference.functional_call import functional_call
 from swapspec.reference.load_state_dict import choose_load_path, load_state_dict
 from swapspec.reference.methods import (
     Methods,
+    add_module,
     bfloat16,
     cpu,
     cuda,
     double,
     half,
+    register_buffer,
+    register_module,
+    register_parameter,
     requires_grad_,
     share_memory,
     to,
@@ -65,12 +69,14 @@ from swapspec.reference.overrides import (
     register_apply_override,
     unregister_apply_override,
 )
+from swapspec.reference.registration import swap_tensors
 
 name = "reference"
 
 __all__ = [
     "ApplyOverrideError",
     "Methods",
+    "add_module",
     "apply",
     "bfloat16",
     "choose_load_path",
@@ -87,10 +93,15 @@ __all__ = [
     "methods",
     "name",
     "register_apply_override",
+    "register_buffer",
+    "register_module",
+    "register_parameter",
+    "registration",
     "requires_grad_",
     "set_overwrite_module_params_on_conversion",
     "set_swap_module_params_on_conversion",
     "share_memory",
+    "swap_tensors",
     "to",
     "to_empty",
     "unregister_apply_override",

@@ -18,6 +18,9 @@ Rules common to every method:
    before any ``requires_grad`` changes), whatever the module holds.
 4. ``cuda(device)`` is ``t.cuda(device)`` per tensor; it is not exercised here (no CUDA on
    the machines the suite is checked on).
+5. The registration methods (``register_parameter``, ``register_buffer``, ``add_module``,
+   ``register_module``, ``setattr``, ``delattr``) are ``reference.registration``'s: they convert
+   nothing, so they never call ``apply`` and ignore the flags.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedTensorMixin
 
+from swapspec.reference import registration
+
 COMPLEX_WARNING = (
     "Complex modules are a new feature under active development whose design may change, "
     "and some modules might not work as expected when using complex tensors as parameters or "
@@ -43,6 +48,7 @@ CONVERSION_METHODS = ("to", "to_empty", "half", "float", "double", "bfloat16", "
                       "cuda", "share_memory")
 GRAD_METHODS = ("requires_grad_", "zero_grad")
 METHODS = (*CONVERSION_METHODS, *GRAD_METHODS)
+REGISTRATION_METHODS = registration.REGISTRATION_METHODS  # converts nothing: flags ignored
 
 
 def parse_to(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool, Any]:
@@ -199,6 +205,14 @@ class Methods:
                 p.grad.requires_grad_(False)
             p.grad.zero_()
 
+    # Registration (``reference.registration``) converts nothing: it never calls ``apply``.
+    register_parameter = staticmethod(registration.register_parameter)
+    register_buffer = staticmethod(registration.register_buffer)
+    add_module = staticmethod(registration.add_module)
+    register_module = staticmethod(registration.register_module)
+    setattr = staticmethod(registration.setattr)
+    delattr = staticmethod(registration.delattr)
+
 
 def _reference_apply(module: nn.Module, fn: Callable, *, overwrite: bool | None = None,
                      swap: bool | None = None, recurse: bool = True) -> nn.Module:
@@ -220,3 +234,7 @@ cuda = REFERENCE_METHODS.cuda
 share_memory = REFERENCE_METHODS.share_memory
 requires_grad_ = REFERENCE_METHODS.requires_grad_
 zero_grad = REFERENCE_METHODS.zero_grad
+register_parameter = registration.register_parameter
+register_buffer = registration.register_buffer
+add_module = registration.add_module
+register_module = registration.register_module

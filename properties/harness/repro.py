@@ -182,6 +182,8 @@ TORCH_METHOD = [
     "    future.set_overwrite_module_params_on_conversion(overwrite)",
     "    future.set_swap_module_params_on_conversion(swap)",
     "    try:",
+    "        if name in ('setattr', 'delattr'):  # setattr(module, name, value)",
+    "            return (setattr if name == 'setattr' else delattr)(module, *args, **kwargs)",
     "        return getattr(module, name)(*args, **kwargs)",
     "    finally:",
     "        future.set_overwrite_module_params_on_conversion(saved[0])",
@@ -306,6 +308,25 @@ def method_repro(example: Any, target: Any, violations: list[Violation], *,
             "after = named(module)",
             "observed = {'error': describe(error), 'returned module': out is module, "
             "**state(module, snap)}"]
+    return _script(example.module, target, body, violations, verify)
+
+
+def registration_repro(example: Any, target: Any, violations: list[Violation], *,
+                       setup: list[str] = (), verify: bool = True) -> str:
+    """A script that makes the example's registration call (``example.method``, a
+    ``strategies.registrations.RegistrationCall``) on ``target`` and shows the broken rule;
+    ``setup`` lines run before the call."""
+    call = example.method
+    body = ["module = build_module()", f"owner = {call.owner_code}", *setup,
+            "before = named(module)", "snap = snapshot(module)",
+            "try:",
+            f"    out = {call.code()}",
+            "    error = None",
+            "except Exception as e:  # a bad form must raise",
+            "    out, error = None, e",
+            "    print('raised', type(e).__name__, e)",
+            "after = named(module)",
+            "observed = {'error': describe(error), **state(module, snap)}"]
     return _script(example.module, target, body, violations, verify)
 
 

@@ -23,11 +23,15 @@ and optionally the data the suite reads next to it:
   ``nn.Module`` s), drawn alongside the built-in module trees;
 - ``methods``: ``nn.Module``'s public methods (``to``, ``to_empty``, ``half``, ``float``,
   ``double``, ``bfloat16``, ``type``, ``cpu``, ``share_memory``, ``requires_grad_``,
-  ``zero_grad``), an object with any of them as attributes, each called
+  ``zero_grad``; and the registration methods ``register_parameter``, ``register_buffer``,
+  ``add_module``, ``register_module``, ``setattr``, ``delattr``), an object with any of them as attributes, each called
   ``method(module, *torch_args, overwrite=..., swap=..., **torch_kwargs)``. Without it (or for
   a name it lacks), a target with ``apply`` gets them built on its ``apply`` as the reference
   builds its own (``swapspec.reference.methods.Methods``); ``Target.method(name)`` gives the one
   to call;
+- ``swap_tensors``: the ``swap_tensors(t1, t2)`` its swap paths use (default
+  ``torch.utils.swap_tensors``; the reference's checks its refusals first), which the
+  ``REGISTER-SWAP-REFUSED`` property holds to its refusals;
 - ``exact_messages``: True to be held to torch's exact error type and wording (the built-in
   targets are). Otherwise an error is checked by type, by the keys its message names and by the
   module being left untouched (``properties.models.oracle.ExpectedError``), so a host need not copy
@@ -71,6 +75,7 @@ from swapspec.properties.declarations.torch import (
 )
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
+from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
 from swapspec.properties.declarations.xla import XLA_DEVIATIONS
 from swapspec.properties.vocabulary import Deviation
 
@@ -110,6 +115,7 @@ class Target:
     exact_messages: bool = False
     methods: Any = None  # nn.Module's public methods; see the module docstring
     coverage_modules: tuple[str, ...] = ()  # --swapspec-coverage's scope; () = its own module
+    swap_tensors: Callable[[Any, Any], None] = torch.utils.swap_tensors
     # The five invariants of every operation (``models.invariants``) are checked on this target;
     # ``SWAPSPEC_INVARIANTS=1``/``0`` turns them on/off for every target.
     invariants: bool = False
@@ -196,16 +202,21 @@ def torch_apply(
         return module._apply(fn, recurse=recurse)
 
 
+BUILTIN_FORMS = {"setattr": setattr, "delattr": delattr}
+
+
 class TorchMethods:
     """torch's own public methods: ``module.<name>(*args, **kwargs)`` under
     ``torch.__future__``'s flags, set for the call and restored in ``finally``."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name not in reference.methods.METHODS:
+        if name not in (*reference.methods.METHODS, *reference.methods.REGISTRATION_METHODS):
             raise AttributeError(name)
 
         def call(module: nn.Module, *args: Any, overwrite: bool, swap: bool, **kwargs: Any) -> Any:
             with torch_future_flags(overwrite=overwrite, swap=swap):
+                if name in BUILTIN_FORMS:  # setattr(module, name, value), delattr(module, name)
+                    return BUILTIN_FORMS[name](module, *args, **kwargs)
                 return getattr(module, name)(*args, **kwargs)
 
         call.__name__ = name
@@ -245,14 +256,16 @@ def builtin_target(name: str) -> Target:
     if name == "torch":
         return Target("torch", torch_apply, torch.func.functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
-                                  + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS),
+                                  + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
+                                  + REGISTRATION_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
-                                  + CHECKPOINT_DEVIATIONS),
+                                  + CHECKPOINT_DEVIATIONS
+                                  + REGISTRATION_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)
@@ -261,7 +274,7 @@ def builtin_target(name: str) -> Target:
 
 
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",
-                 "exact_messages", "methods", "coverage_modules")
+                 "exact_messages", "methods", "coverage_modules", "swap_tensors")
 
 
 def from_object(obj: Any) -> Target:

@@ -14,7 +14,9 @@ and methods are a stable API; a predicate reads nothing else:
   ``method``, ``arguments``, ``kind``), or None for an ``_apply(fn)`` conversion;
 - ``method``: the ``MethodCall`` of a method property (``APPLY-METHOD-*``), else None: ``method``
   (``"to"``, ``"requires_grad_"``...), ``arguments`` (their source), ``kind`` (``"conversion"``,
-  ``"grad"``, ``"bad"``), ``error`` (the error type a bad form must raise);
+  ``"grad"``, ``"bad"``), ``error`` (the error type a bad form must raise); for a ``REGISTER-``
+  property the ``strategies.registrations.RegistrationCall`` (``method``, ``owner``, ``name``,
+  ``value``, ``kind``, ``defect``) or ``SwapPair`` (``defect``, ``requires_grad``) it draws;
 - ``flags``: ``swapspec.strategies.FlagSetting(overwrite, swap)`` of an apply property, else None;
 - ``call``: the ``swapspec.strategies.CallInput`` of a functional-call property, else None:
   ``tensors`` (as passed: a dict or a tuple of dicts), ``args``, ``kwargs``, ``tie_weights``,

@@ -1,0 +1,186 @@
+"""The reference's registration (``reference.registration``) against torch's own, form by form
+on fixed modules: every good form the suite draws ends in the same registration state as
+torch's, every bad form raises torch's error and message and leaves the module as it was, the
+global hooks fire alike, and ``swap_tensors`` refuses each bad pair by its cause."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+from swapspec import reference
+from swapspec.properties.harness.targets import BUILTIN_FORMS
+from swapspec.strategies.registrations import (
+    SWAP_DEFECTS,
+    RegistrationCall,
+    SwapPair,
+    bad_forms,
+    good_forms,
+    owners,
+)
+
+# where torch breaks the REGISTER-REFUSED rule (declared in declarations.torch_registration)
+TORCH_ACCEPTS = {("setattr", "name-dotted"), ("setattr", "name-empty"), ("setattr", "name-taken")}
+
+
+def build() -> nn.Module:
+    """A root with a parameter, a persistent and a non-persistent buffer, and two children."""
+    torch.manual_seed(0)
+    root = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    root.register_parameter("p", nn.Parameter(torch.ones(2)))
+    root.register_buffer("b", torch.zeros(2), persistent=False)
+    root.tag = 7
+    return root
+
+
+def _forms(make) -> list[RegistrationCall]:
+    module = build()
+    return [f for path in owners(module) for f in make(module.get_submodule(path), path)]
+
+
+def _shape(module: nn.Module) -> dict[str, Any]:
+    """Per module: ``__dict__`` keys, each registry's (name, class) pairs, the non-persistent set."""
+    return {path: (sorted(m.__dict__),
+                   *([(k, type(v).__name__) for k, v in getattr(m, r).items()]
+                     for r in ("_parameters", "_buffers", "_modules")),
+                   sorted(m._non_persistent_buffers_set))
+            for path, m in module.named_modules(remove_duplicate=False)}
+
+
+def _owner(call: RegistrationCall, module: nn.Module) -> nn.Module:
+    return eval(call.owner_code, {"torch": torch, "module": module})
+
+
+def _run(who: str, call: RegistrationCall, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    owner = _owner(call, module)
+    if who == "torch":
+        if call.method in BUILTIN_FORMS:
+            return BUILTIN_FORMS[call.method](owner, *args, **kwargs)
+        return getattr(owner, call.method)(*args, **kwargs)
+    method = getattr(reference.Methods(reference.apply), call.method)
+    return method(owner, *args, overwrite=None, swap=None, **kwargs)
+
+
+def _outcome(who: str, call: RegistrationCall, module: nn.Module) -> BaseException | None:
+    args, kwargs = call.args()
+    try:
+        _run(who, call, module, args, kwargs)
+    except Exception as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize("call", _forms(good_forms), ids=lambda c: c.label)
+def test_good_forms_end_as_torchs(call):
+    """A good form leaves the module in torch's registration state, the given object in it."""
+    ours, theirs = build(), build()
+    args, kwargs = call.args()
+    _run("reference", call, ours, args, kwargs)
+    _run("torch", call, theirs, args, kwargs)
+    assert _shape(ours) == _shape(theirs)
+    if call.ends in ("parameter", "buffer", "module"):
+        table = {"parameter": "_parameters", "buffer": "_buffers", "module": "_modules"}[call.ends]
+        assert getattr(_owner(call, ours), table)[call.name] is args[1]
+
+
+@pytest.mark.parametrize("call", _forms(bad_forms), ids=lambda c: c.label)
+def test_bad_forms_raise_torchs_error_and_change_nothing(call):
+    """A bad form raises the drawn error type, naming the cause, with torch's message (where
+    torch refuses it), and leaves the module's registration state as it was."""
+    module = build()
+    before = _shape(module)
+    error = _outcome("reference", call, module)
+    assert isinstance(error, call.error), (call.defect, error)
+    assert call.mention in str(error)
+    assert _shape(module) == before
+    theirs = _outcome("torch", call, build())
+    if (call.method, call.defect) in TORCH_ACCEPTS and call.value == "torch.nn.Linear(2, 2)":
+        assert theirs is None  # the declared deviation: torch registers the child
+    else:
+        assert type(theirs) is type(error) and str(theirs) == str(error)
+
+
+def test_refused_non_leaf_parameter_keeps_the_buffer():
+    """Where torch drops a buffer before refusing a non-leaf Parameter (declared), the
+    reference refuses first and keeps it."""
+    p = nn.Parameter(torch.zeros(2), requires_grad=False).add_(torch.zeros(2, requires_grad=True))
+    ours = build()
+    with pytest.raises(ValueError, match="non-leaf"):
+        reference.registration.setattr(ours, "b", p)
+    assert "b" in ours._buffers and "b" in ours._non_persistent_buffers_set
+    theirs = build()
+    with pytest.raises(ValueError, match="non-leaf"):
+        theirs.b = p
+    assert "b" not in theirs._buffers
+
+
+@pytest.mark.parametrize("call", [c for c in _forms(good_forms) if c.method != "delattr"],
+                         ids=lambda c: c.label)
+def test_global_hooks_fire_as_torchs(call):
+    """The global registration hooks see the same (kind, name, value class) calls on the
+    reference as on torch, and their handles leave no hook behind."""
+    seen: dict[str, list] = {"reference": [], "torch": []}
+    for who in seen:
+        handles = [getattr(torch_module, f"register_module_{kind}_registration_hook")(
+            lambda m, n, v, kind=kind, who=who: seen[who].append((kind, n, type(v).__name__)))
+            for kind in ("parameter", "buffer", "module")]
+        try:
+            args, kwargs = call.args()
+            _run(who, call, build(), args, kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+    assert seen["reference"] == seen["torch"]
+    assert not torch_module._global_parameter_registration_hooks
+
+
+def test_a_hooks_return_replaces_the_value():
+    """A global hook's non-None return is what the reference registers."""
+    other = nn.Parameter(torch.ones(3))
+    handle = torch_module.register_module_parameter_registration_hook(lambda m, n, v: other)
+    try:
+        module = nn.Module()
+        reference.register_parameter(module, "w", nn.Parameter(torch.zeros(2)))
+    finally:
+        handle.remove()
+    assert module.w is other
+
+
+def _pair(defect: str, requires_grad: bool) -> dict[str, Any]:
+    class Slotted(torch.Tensor):
+        __slots__ = ("tag",)
+
+    namespace = {"torch": torch, "weakref": weakref, "Slotted": Slotted}
+    exec(SwapPair(defect, (2,), False, requires_grad).setup(), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("defect", SWAP_DEFECTS)
+def test_swap_tensors_refuses_by_cause(defect, requires_grad):
+    """The reference's ``swap_tensors`` refuses each bad pair with a RuntimeError that names
+    the cause and swaps nothing; torch's refuses too (with an unclear message for a view of a
+    tensor without grad, declared)."""
+    pair = SwapPair(defect, (2,), False, requires_grad)
+    made = _pair(defect, requires_grad)
+    t1, t2 = made["t1"], made["t2"]
+    cdata = (t1._cdata, t2._cdata)
+    with pytest.raises(RuntimeError, match=pair.mention):
+        reference.swap_tensors(t1, t2)
+    assert (t1._cdata, t2._cdata) == cdata and not t1.any() and t2.all()
+    theirs = _pair(defect, requires_grad)
+    with pytest.raises(RuntimeError) as raised:
+        torch.utils.swap_tensors(theirs["t1"], theirs["t2"])
+    assert (pair.mention in str(raised.value)) != (defect == "view" and not requires_grad)
+
+
+def test_swap_tensors_swaps_a_good_pair():
+    """Without a defect the reference's ``swap_tensors`` swaps, as torch's does."""
+    t1, t2 = torch.zeros(2), torch.ones(2)
+    reference.swap_tensors(t1, t2)
+    assert t1.all() and not t2.any()
