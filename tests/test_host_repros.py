@@ -4,19 +4,30 @@ head the script, and a functional-call repro builds the host's module (``tests.p
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import find, settings
 from hypothesis import strategies as st
+from torch import nn
 
+from swapspec.properties.declarations.torch import TORCH_DEVIATIONS
 from swapspec.properties.harness import checker
 from swapspec.properties.harness.repro import apply_repro, call_repro, retargeted
-from swapspec.properties.harness.targets import load_target
+from swapspec.properties.harness.targets import builtin_target, load_target, torch_apply
 from swapspec.properties.models.examples import Example
 from swapspec.properties.models.standalone import NoHostSource
 from swapspec.properties.vocabulary import Violation
-from swapspec.strategies import FlagSetting, HostModule, call_inputs, host_trees, module_trees
+from swapspec.strategies import (
+    Conversion,
+    FlagSetting,
+    HostModule,
+    call_inputs,
+    host_trees,
+    module_trees,
+)
 from swapspec.strategies.conversions import is_uninitialized
 from tests.planted.quantized import Q_LINEARS, QUANTIZE, QLinear
 from tests.repro_scripts import run_script
@@ -71,3 +82,27 @@ def test_a_host_module_a_script_cannot_build_says_why():
     text = checker.Checker._repro(lambda v: call_repro(example, load_target(BUGGY), v),
                                   [Violation("strict", "strict ignored")])
     assert text.startswith("# no repro: NoHostSource: host module 'anonymous'")
+
+
+def test_the_readme_documents_builtin_target_and_every_conversion_field():
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert "`builtin_target` gives it" in text
+    assert f"({len(builtin_target('torch').deviations)} in torch 2.13" in text
+    assert f"`TORCH_DEVIATIONS` alone holds {len(TORCH_DEVIATIONS)}" in text
+    assert all(f"`{field.name}`" in text for field in dataclasses.fields(Conversion))
+    assert "The function must accept its own output" in text
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_apply_hands_a_conversion_its_own_output_at_a_tie(swap):
+    """What the README's rule rests on: torch's ``_apply`` on its default and swap paths."""
+    module = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    module[1].weight = module[0].weight
+    seen = []
+
+    def fn(t):
+        seen.append(t.dtype)
+        return t.double()
+
+    torch_apply(module, fn, overwrite=False, swap=swap)
+    assert seen == [torch.float32, torch.float32, torch.float64, torch.float32]
