@@ -15,8 +15,9 @@ from torch import nn
 
 from swapspec.properties.declarations.torch import TORCH_DEVIATIONS
 from swapspec.properties.harness import checker
-from swapspec.properties.harness.repro import apply_repro, call_repro, retargeted
+from swapspec.properties.harness.repro import HELPERS, apply_repro, call_repro, retargeted
 from swapspec.properties.harness.targets import builtin_target, load_target, torch_apply
+from swapspec.properties.models import standalone
 from swapspec.properties.models.examples import Example
 from swapspec.properties.models.standalone import NoHostSource
 from swapspec.properties.vocabulary import Violation
@@ -106,3 +107,14 @@ def test_apply_hands_a_conversion_its_own_output_at_a_tie(swap):
 
     torch_apply(module, fn, overwrite=False, swap=swap)
     assert seen == [torch.float32, torch.float32, torch.float64, torch.float32]
+
+
+def test_a_repro_describes_a_subclass_by_its_parts():
+    namespace = {"torch": torch, "nn": nn}
+    exec("\n".join(standalone.definitions({"describe"}, HELPERS)), namespace)
+    weight = QLinear().weight
+    text = namespace["describe"](weight)
+    assert text.startswith("a new object: QTensor(torch.float32, cpu, (4, 4), requires_grad=False)")
+    assert str(weight.qdata.reshape(-1).tolist()) in text and "'context': 'None'" in text
+    other = namespace["describe"](QLinear(seed=1).weight)
+    assert other != text  # values the class cannot list still tell two tensors apart

@@ -96,10 +96,19 @@ def describe(v, known=None):
                 f"requires_grad={v.requires_grad})")
     try:
         values = v.detach().to_dense().cpu().reshape(-1).tolist()
-    except Exception:
-        values = "?"
+    except Exception:  # a subclass without these ops: its parts, if it shows them
+        values = parts(v)
     return (f"{name}: {type(v).__name__}({v.dtype}, {v.device.type}, {tuple(v.shape)}, "
             f"requires_grad={v.requires_grad}) {values}")
+
+
+def parts(v):
+    """A tensor subclass's values through its parts (__tensor_flatten__), else '?'."""
+    try:
+        names, ctx = v.__tensor_flatten__()
+        return {"context": repr(ctx), **{n: describe(getattr(v, n)) for n in names}}
+    except Exception:
+        return "?"
 
 
 def state(module, before, given=()):
