@@ -492,9 +492,17 @@ def harness_failure(pid: str, error: BaseException) -> dict:
             or "/strategies/" in f.filename]
     where = f" (in swapspec's {_short(ours[-1])})" if ours else ""
     text = " ".join(f"{type(error).__name__}: {error}".split())[:400]
-    trace = "".join([*traceback.format_tb(error.__traceback__), f"{type(error).__name__}: {error}"])
+    shown = _from_the_test(frames)
+    trace = "".join([*traceback.format_list(shown), f"{type(error).__name__}: {error}"])
     return {"property": pid, "clause": "", "message": f"harness error: {text}{where}",
             "repro": "", "traceback": trace[-TRACEBACK_CHARS:]}
+
+
+def _from_the_test(frames: traceback.StackSummary) -> list[traceback.FrameSummary]:
+    """The frames below the last one of pytest and pluggy: the test's own, down to the raise."""
+    runner = [i for i, f in enumerate(frames) if "/_pytest/" in f.filename
+              or "/pluggy/" in f.filename]
+    return list(frames[runner[-1] + 1:] if runner else frames)
 
 
 def _short(frame: traceback.FrameSummary) -> str:
