@@ -150,7 +150,6 @@ def test_a_harness_error_has_its_own_status_and_traceback():
 FIVE = "APPLY-ROUND-TRIP,FC-BAD-INPUT,FC-INPUT-FORMS,FC-RESTORE,FC-STRICT"
 
 
-
 def test_no_false_verdict_on_the_subclass_and_harness_errors_on_a_class_without_parts(tmp_path):
     """The five properties that the suite's own ``torch.equal`` failed on a subclass pass on
     ``quantized`` (torch's built-in target drawing ``QLinear`` and ``quantize``); on ``opaque``,
