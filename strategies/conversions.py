@@ -26,7 +26,10 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
 
 A host's own conversion is a :class:`Conversion` too: ``imports`` holds the Python lines its
 ``repro`` needs (``"from mylib.tensors import Scaled"``); they run before ``repro`` is evaluated
-and head its source, so repros of host conversions stand alone as well.
+and head its source, so repros of host conversions stand alone as well. Its function must accept
+its own output: ``_apply`` converts a tied tensor once per slot, and where it keeps the object
+(``.data`` set, the default path, or swapped in place) the second slot hands the function what it
+returned for the first.
 """
 
 from __future__ import annotations

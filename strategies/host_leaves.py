@@ -77,10 +77,15 @@ def register(host: HostModule) -> str:
     return host.name
 
 
-def build_leaf(entry: str) -> HostLeaf:
-    """A fresh :class:`HostLeaf` for the registered module ``entry``."""
+def registered(entry: str) -> HostModule:
+    """The registered host module ``entry`` (``KeyError`` if none)."""
     try:
-        host = _REGISTERED[entry]
+        return _REGISTERED[entry]
     except KeyError:
         raise KeyError(f"no host module {entry!r} registered: draw it from host_trees first") from None
+
+
+def build_leaf(entry: str) -> HostLeaf:
+    """A fresh :class:`HostLeaf` for the registered module ``entry``."""
+    host = registered(entry)
     return HostLeaf(entry, host.build(), host.inputs)

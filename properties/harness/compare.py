@@ -72,7 +72,7 @@ def cell_items(cell: dict[str, Any]) -> dict[str, int]:
     items: dict[str, int] = {f"status {cell['status']}": 0}
     if cell["status"] == "skipped":
         items[f"skipped ({cell.get('reason', '')})"] = 0
-    if cell["status"] == "fail" and cell.get("reason"):
+    if cell["status"] in ("fail", "error") and cell.get("reason"):
         items[f"failure: {cell['reason']}"] = 0
     for clause, n in cell.get("deviations", {}).items():
         items[f"declared clause {clause}"] = n

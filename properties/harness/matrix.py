@@ -71,7 +71,7 @@ def undeclared_rows(reports: list[dict]) -> list[dict[str, Any]]:
                 if target not in TARGETS:
                     continue
                 found = {f"undeclared {clause}": n for clause, n in cell.get("undeclared", {}).items()}
-                if cell["status"] == "fail" and not cell.get("undeclared"):
+                if cell["status"] in ("fail", "error") and not cell.get("undeclared"):
                     found[f"raised {_failure_kind(cell.get('reason', ''))}"] = 1
                 for what, n in found.items():
                     entry = rows.setdefault((pid, what), {"property": pid, "what": what, "cells": {}})

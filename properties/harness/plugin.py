@@ -52,6 +52,7 @@ import importlib
 import importlib.util
 import json
 import re
+import traceback
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +78,8 @@ from swapspec.properties.harness.report import (
 )
 from swapspec.properties.harness.settings import NO_TARGET, PROFILES, _option, _target_spec
 from swapspec.properties.harness.targets import Target, TargetError, load_targets
+from swapspec.properties.models.examples import comparing
+from swapspec.properties.models.outcomes import raised_by_target
 
 PROPERTIES_DIR = Path(__file__).resolve().parent.parent  # the properties folder
 RULES_DIR = PROPERTIES_DIR / "rules"  # its rule files: the tests pytest collects
@@ -301,14 +304,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(autouse=True)
 def swapspec_current_target(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Let the properties' strategies read the running target (``plugged.CURRENT``)."""
+    """Let the properties' strategies read the running target (``plugged.CURRENT``), and compare
+    values of its own tensor classes its way (``Target.comparisons``)."""
     target = _target_of(request.node)
     if target is None:
         yield
         return
     token = plugged.CURRENT.set(target)
     try:
-        yield
+        with comparing(target.comparisons):
+            yield
     finally:
         plugged.CURRENT.reset(token)
 
@@ -436,7 +441,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
                  "undeclared_messages":
                      getattr(item, "swapspec_undeclared_messages", {}) if in_call else {}}
         if report.failed:
-            entry["failures"] = _failures(pid, call, report)
+            error = harness_error(call)
+            entry["failures"] = (_failures(pid, call, report) if error is None
+                                 else [harness_failure(pid, error)])
+            entry["harness_error"] = error is not None
             _show_repros(item, report, entry["failures"])
         if report.when == "call" and hasattr(item, "swapspec_cases"):
             entry["cases"] = item.swapspec_cases
@@ -444,6 +452,67 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             entry["pairs"] = item.swapspec_pairs
         report.user_properties.append((REPORT_KEY, entry))
     return report
+
+
+def _raised(call: pytest.CallInfo) -> list[BaseException]:
+    """The exception a failed test raised and every exception grouped in it (Hypothesis groups
+    distinct failures)."""
+    if call.excinfo is None:
+        return []
+    pending, found = [call.excinfo.value], []
+    while pending:
+        error = pending.pop(0)
+        found.append(error)
+        pending += list(getattr(error, "exceptions", ()))
+    return found
+
+
+def harness_error(call: pytest.CallInfo) -> BaseException | None:
+    """The exception of a test that failed in the suite's own code, else None.
+
+    A failure is the target's when it raised a ``ConformanceError`` (a broken rule, a stale
+    declaration) or let out an error a target call raised (``outcomes.raised_by_target``). Any
+    other exception (a comparison, snapshot or strategy of the suite that raised, a
+    Hypothesis health check) is a harness error: no verdict on the target."""
+    raised = _raised(call)
+    if not raised or any(isinstance(e, checker.ConformanceError) or raised_by_target(e)
+                         for e in raised):
+        return None
+    return raised[0]
+
+
+TRACEBACK_CHARS = 6000  # a harness error's traceback in the JSON report: its last characters
+
+
+def harness_failure(pid: str, error: BaseException) -> dict:
+    """The failure entry of a harness error: clause ``""``, its message with where swapspec's
+    code raised it, and its traceback (``traceback``)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    ours = [f for f in frames if "/swapspec/" in f.filename or "/properties/" in f.filename
+            or "/strategies/" in f.filename]
+    where = f" (in swapspec's {_short(ours[-1])})" if ours else ""
+    text = " ".join(f"{type(error).__name__}: {error}".split())[:400]
+    shown = _from_the_test(frames)
+    trace = "".join([*traceback.format_list(shown), f"{type(error).__name__}: {error}"])
+    return {"property": pid, "clause": "", "message": f"harness error: {text}{where}",
+            "repro": "", "traceback": trace[-TRACEBACK_CHARS:]}
+
+
+def _from_the_test(frames: traceback.StackSummary) -> list[traceback.FrameSummary]:
+    """The frames below the last one of pytest and pluggy: the test's own, down to the raise."""
+    runner = [i for i, f in enumerate(frames) if "/_pytest/" in f.filename
+              or "/pluggy/" in f.filename]
+    return list(frames[runner[-1] + 1:] if runner else frames)
+
+
+def _short(frame: traceback.FrameSummary) -> str:
+    path = Path(frame.filename)
+    parts = path.parts
+    for root in ("properties", "strategies", "reference"):
+        if root in parts:
+            path = Path(*parts[len(parts) - 1 - parts[::-1].index(root):])
+            break
+    return f"{path}:{frame.lineno} {frame.name}"
 
 
 def _conformance_errors(call: pytest.CallInfo) -> list[checker.ConformanceError]:
@@ -517,6 +586,8 @@ def _config_results(report) -> list | None:
 def _status(report: pytest.TestReport, entry: dict) -> str:
     if report.skipped:
         return "skipped"
+    if report.failed and entry.get("harness_error"):
+        return "error"
     if report.failed or entry.get("undeclared"):
         return "fail"
     return "deviation" if entry["deviations"] else "pass"

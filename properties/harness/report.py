@@ -13,12 +13,13 @@ from swapspec.properties.harness.targets import Target
 def conformance_table(results: list[dict]) -> dict[str, dict[str, dict]]:
     """``{property: {target: cell}}``; a cell merges every test of that pair.
 
-    The worst status wins (pass < skipped < deviation < fail) and brings its own reason;
+    The worst status wins (pass < skipped < deviation < error < fail) and brings its own
+    reason (``error``: a harness error, the suite's own code raised, no verdict on the target);
     ``tests`` counts distinct test ids, however many reports (setup, call, teardown) each sent;
     ``failures`` lists every failure of the pair (property, clause, message, repro).
     """
     table: dict[str, dict[str, dict]] = defaultdict(dict)
-    rank = {"pass": 0, "skipped": 1, "deviation": 2, "fail": 3}
+    rank = {"pass": 0, "skipped": 1, "deviation": 2, "error": 3, "fail": 4}
     seen: dict[tuple[str, str], set[str]] = defaultdict(set)
     for r in results:
         cell = table[r["property"]].setdefault(
@@ -55,7 +56,8 @@ def _merge_counts(cell: dict, result: dict) -> None:
 TABLE_WIDTH = 100
 
 
-STATUS_WORDS = {"pass": "pass", "fail": "FAIL", "deviation": "dev", "skipped": "skip"}
+STATUS_WORDS = {"pass": "pass", "fail": "FAIL", "deviation": "dev", "skipped": "skip",
+                "error": "ERROR"}
 
 
 LONG_NAME = 20  # longer target names are shown as T1, T2... with a legend under the table
@@ -73,6 +75,9 @@ def cell_note(cell: dict) -> str:
         match = _SKIP_PREFIX.match(cell["reason"])
         return (f"{match['target']} declares a skip: {match['reason']}" if match
                 else f"skipped: {cell['reason']}")
+    if cell["status"] == "error":
+        errors = dict.fromkeys(f["message"] for f in cell.get("failures", []) if not f["clause"])
+        return "no verdict: " + "; ".join(_shortened(e, 300) for e in errors)
     if cell["status"] == "fail":
         rules = dict.fromkeys(f"[{f['clause']}] {f['message']}" if f["clause"] else f["message"]
                               for f in cell.get("failures", []))
@@ -86,7 +91,7 @@ def _shortened(text: str, limit: int = 160) -> str:
 
 
 def render_cell(cell: dict, note: int | None = None) -> str:
-    """One table cell: ``pass``, ``FAIL``, ``dev`` or ``skip``, and its note's number."""
+    """One table cell: ``pass``, ``FAIL``, ``dev``, ``skip`` or ``ERROR``, and its note's number."""
     word = STATUS_WORDS[cell["status"]]
     return f"{word} [{note}]" if note is not None else word
 
@@ -114,7 +119,8 @@ def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) ->
         lines += [fmt.format(*rows[0]).rstrip(), "-+-".join("-" * w for w in widths),
                   *(fmt.format(*r).rstrip() for r in rows[1:]), ""]
     lines += textwrap.wrap("pass: follows the spec; FAIL: breaks it; dev: passes with declared "
-                           "deviations; skip: declared not to apply; -: not run", width)
+                           "deviations; skip: declared not to apply; ERROR: swapspec's own code raised (a "
+                           "harness error: no verdict on the target); -: not run", width)
     lines += [f"{h} = {t}" for t, h in headers.items() if h != t]
     for text, number in notes.items():
         lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ",

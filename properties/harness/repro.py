@@ -96,10 +96,19 @@ def describe(v, known=None):
                 f"requires_grad={v.requires_grad})")
     try:
         values = v.detach().to_dense().cpu().reshape(-1).tolist()
-    except Exception:
-        values = "?"
+    except Exception:  # a subclass without these ops: its parts, if it shows them
+        values = parts(v)
     return (f"{name}: {type(v).__name__}({v.dtype}, {v.device.type}, {tuple(v.shape)}, "
             f"requires_grad={v.requires_grad}) {values}")
+
+
+def parts(v):
+    """A tensor subclass's values through its parts (__tensor_flatten__), else '?'."""
+    try:
+        names, ctx = v.__tensor_flatten__()
+        return {"context": repr(ctx), **{n: describe(getattr(v, n)) for n in names}}
+    except Exception:
+        return "?"
 
 
 def state(module, before, given=()):
@@ -291,7 +300,7 @@ def apply_repro(example: Any, target: Any, violations: list[Violation], *,
             "    print('raised', type(e).__name__, e)",
             "after = named(module)", *extra,
             "observed = {'error': describe(error), **state(module, snap)" + _observe(observe) + "}"]
-    return _script(example.module, target, body, violations, verify)
+    return _script(example.module, target, body, violations, verify, host_imports(example))
 
 
 def method_repro(example: Any, target: Any, violations: list[Violation], *,
@@ -308,7 +317,7 @@ def method_repro(example: Any, target: Any, violations: list[Violation], *,
             "after = named(module)",
             "observed = {'error': describe(error), 'returned module': out is module, "
             "**state(module, snap)}"]
-    return _script(example.module, target, body, violations, verify)
+    return _script(example.module, target, body, violations, verify, host_imports(example))
 
 
 def registration_repro(example: Any, target: Any, violations: list[Violation], *,
@@ -331,8 +340,9 @@ def registration_repro(example: Any, target: Any, violations: list[Violation], *
 
 
 def _conversion_lines(example: Any) -> list[str]:
-    """``fn = ...`` for an ``_apply(fn)`` conversion (a method call builds its own), and the
-    weak reference of a refused tensor."""
+    """``fn = ...`` for an ``_apply(fn)`` conversion (a method call builds its own; the
+    conversion's ``imports`` head the script: ``host_imports``), and the weak reference of a
+    refused tensor."""
     call = getattr(example.conversion, "call", None)
     fn = [] if call is not None else example.conversion.source("fn").splitlines()[-1:]
     return [*fn, *_refused_lines(example)]
@@ -396,7 +406,7 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
              "**{f'forward saw {k}': v for k, v in view.items()}, "
              "**{f'caller holds {k}': describe(v, known) for k, v in entries(tensors).items()}"
              + _observe(observe) + "}"]
-    return _script(example.module, target, body, violations, verify)
+    return _script(example.module, target, body, violations, verify, host_imports(example))
 
 
 def _observe(observe: dict[str, str] | None) -> str:
@@ -409,13 +419,25 @@ def keyword_code(target: Any, call: Any) -> str:
     return "".join(f", {k}={v}" for k, v in keywords.items())
 
 
+def host_imports(example: Any) -> list[str]:
+    """The host's lines a repro of ``example`` needs, each once: the ``imports`` of its
+    conversions (``earlier`` ones first) and the imports of its host modules."""
+    conversions = [c for c in (*example.earlier, example.conversion) if c is not None]
+    lines = [line for c in conversions for line in getattr(c, "imports", "").splitlines()
+             if line.strip()]
+    return list(dict.fromkeys([*lines, *standalone.host_imports(example.module)]))
+
+
 def _script(module: Any, target: Any, body: list[str], violations: list[Violation],
-            verify: bool) -> str:
-    """Imports, definitions, ``build_module``, the target section, ``body``, then the asserts."""
+            verify: bool, imports: list[str] = ()) -> str:
+    """Imports (swapspec's, then the host's), definitions, ``build_module``, the target section,
+    ``body``, then the asserts."""
     build = standalone.build_source(module)
     methods = any("target_method(" in line for line in body)
     catalogue = "catalogue_leaf(" in "\n".join(build)
     head = [*standalone.IMPORTS, ""]
+    if imports:
+        head += ["# the host's own imports", *imports, ""]
     if any("TwoTensor" in line for line in body):
         head.append("from torch.testing._internal.two_tensor import TwoTensor")
     codes = [v.code for v in violations if v.code]
@@ -561,7 +583,7 @@ def load_repro(example: Any, target: Any, violations: list[Violation], *, verify
             "    print('raised', type(out).__name__, out)",
             "after = named(module)",
             "observed = {**state(module, snap, given), 'output': describe(out, known)}"]
-    return _script(example.module, target, body, violations, verify)
+    return _script(example.module, target, body, violations, verify, host_imports(example))
 
 
 def _load_value_code(value: Any, own: dict[int, str], slot: Any) -> str:

@@ -14,7 +14,7 @@ from swapspec.properties.models import invariants
 from swapspec.properties.models.examples import (
     Example,
 )
-from swapspec.properties.models.outcomes import Outcome, attempt
+from swapspec.properties.models.outcomes import Outcome, attempt, mark_target_error
 from swapspec.strategies import call_inputs
 
 
@@ -96,7 +96,7 @@ def watched(call: Callable[[], Any], module: nn.Module, *, mappings: tuple = (),
     the way is its own business, not the call's."""
     check = checker.current()
     if check is None or _DEPTH[0] or not invariants.enabled(check.target):
-        return attempt(call)
+        return _marked(attempt(call))
     if check.bystander is None:  # made before the example's first call, once
         check.bystander = invariants.bystander(module) or False
     before = invariants.world([module], mappings)
@@ -119,6 +119,13 @@ def watched(call: Callable[[], Any], module: nn.Module, *, mappings: tuple = (),
         found += invariants.strict_exact(extras, outcome.error, outcome.result if load else None,
                                          strict=strict)
     check.violations += found
+    return _marked(outcome)
+
+
+def _marked(outcome: Outcome) -> Outcome:
+    """``outcome``, its error marked as the target's (``outcomes.raised_by_target``)."""
+    if outcome.error is not None:
+        mark_target_error(outcome.error)
     return outcome
 
 

@@ -36,6 +36,10 @@ and optionally the data the suite reads next to it:
   targets are). Otherwise an error is checked by type, by the keys its message names and by the
   module being left untouched (``properties.models.oracle.ExpectedError``), so a host need not copy
   torch's sentences.
+- ``comparisons``: ``{tensor class: same(a, b) -> bool}``, how the suite compares the values
+  of the host's own tensor classes (a subclass of a class listed uses its function). Without
+  one, values compare through torch's ops, and two tensors of one traceable wrapper subclass
+  that lacks them compare by their parts (``properties.models.examples.same_values``);
 - ``coverage_modules``: the modules (importable names; a package stands for every file in it)
   whose functions ``--swapspec-coverage`` measures; default: the module the target is loaded
   from.
@@ -116,6 +120,7 @@ class Target:
     methods: Any = None  # nn.Module's public methods; see the module docstring
     coverage_modules: tuple[str, ...] = ()  # --swapspec-coverage's scope; () = its own module
     swap_tensors: Callable[[Any, Any], None] = torch.utils.swap_tensors
+    comparisons: Any = None  # {tensor class: same(a, b)}: how values of the host's classes compare
     # The five invariants of every operation (``models.invariants``) are checked on this target;
     # ``SWAPSPEC_INVARIANTS=1``/``0`` turns them on/off for every target.
     invariants: bool = False
@@ -274,7 +279,8 @@ def builtin_target(name: str) -> Target:
 
 
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",
-                 "exact_messages", "methods", "coverage_modules", "swap_tensors")
+                 "exact_messages", "methods", "coverage_modules", "swap_tensors",
+                 "comparisons")
 
 
 def from_object(obj: Any) -> Target:

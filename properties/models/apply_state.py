@@ -23,6 +23,7 @@ from swapspec.properties.models.examples import (
     named_tensors,
     same_values,
     slots,
+    value_copy,
 )
 from swapspec.strategies import tree_info
 
@@ -134,7 +135,7 @@ def swap_tensors_takes(t: Tensor) -> bool:
 
 def _swappable(param: nn.Parameter) -> bool:
     grad, param.grad = param.grad, None
-    probe = nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad)
+    probe = nn.Parameter(value_copy(param), requires_grad=param.requires_grad)
     try:
         torch.utils.swap_tensors(param, probe)
     except RuntimeError:
@@ -168,7 +169,7 @@ def _frozen(result: Any) -> Any:
         return result
     if not holds_values(result) or is_traceable_wrapper_subclass(result):
         return result
-    return result.detach().clone()
+    return value_copy(result)
 
 
 def expected_path(param: Tensor, applied: Tensor, overwrite: bool, swap: bool) -> str:

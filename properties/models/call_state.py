@@ -13,6 +13,7 @@ from swapspec.properties.models.examples import (
     holds_values,
     named_tensors,
     slots,
+    value_copy,
 )
 from swapspec.properties.models.oracle import expected_view, owner_of
 from swapspec.properties.models.outcomes import Outcome, attempt
@@ -35,7 +36,7 @@ def module_state(module: nn.Module) -> ModuleState:
         for path, m in module.named_modules(remove_duplicate=False)
     }
     table = slots(module)
-    values = {id(t): t.detach().clone() for t in table.values()
+    values = {id(t): value_copy(t) for t in table.values()
               if isinstance(t, Tensor) and holds_values(t)}
     return ModuleState(table, layout, values)
 

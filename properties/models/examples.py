@@ -40,6 +40,9 @@ host's own module).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,7 +137,7 @@ def clone_value(value: Any) -> Any:
     """An independent copy of a given value, keeping ``Parameter``-ness."""
     if not isinstance(value, Tensor) or isinstance(value, UninitializedTensorMixin):
         return value
-    copy = value.detach().clone()
+    copy = value_copy(value)
     if isinstance(value, nn.Parameter):
         return nn.Parameter(copy, requires_grad=value.requires_grad)
     return copy.requires_grad_(value.requires_grad) if copy.is_floating_point() else copy
@@ -210,7 +213,7 @@ def floating_or_complex(t: Tensor) -> bool:
 
 def snapshot_values(module: nn.Module) -> dict[str, Tensor]:
     """Detached clones of every tensor's values (meta tensors as they are)."""
-    return {name: t.detach().clone() for name, t in named_tensors(module).items()}
+    return {name: value_copy(t) for name, t in named_tensors(module).items()}
 
 
 def holds_values(t: Tensor) -> bool:
@@ -227,13 +230,78 @@ def is_fake(t: Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
+Comparison = Callable[[Tensor, Tensor], bool]
+
+
+# The running target's own comparisons (``Target.comparisons``): ``{class: same(a, b)}``.
+HOST_COMPARISONS: ContextVar[Mapping[type, Comparison] | None] = ContextVar(
+    "swapspec_comparisons", default=None)
+
+
+@contextmanager
+def comparing(comparisons: Mapping[type, Comparison] | None) -> Iterator[None]:
+    """Inside the block, ``same_values`` compares a tensor of a class in ``comparisons`` (or of
+    a subclass of one) with that class's function: a host's comparison for its own tensors."""
+    token = HOST_COMPARISONS.set(dict(comparisons or {}))
+    try:
+        yield
+    finally:
+        HOST_COMPARISONS.reset(token)
+
+
+def host_comparison(a: Tensor, b: Tensor) -> Comparison | None:
+    """The running target's comparison for ``a``'s class, else for ``b``'s; None without one."""
+    table = HOST_COMPARISONS.get() or {}
+    for t in (a, b):
+        for cls in type(t).__mro__:
+            if cls in table:
+                return table[cls]
+    return None
+
+
+def is_wrapper(t: Tensor) -> bool:
+    """A traceable wrapper subclass (``__tensor_flatten__``/``__tensor_unflatten__``): a tensor
+    whose values are its inner tensors, whatever ops its class implements."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return is_traceable_wrapper_subclass(t)
+
+
+def value_copy(t: Tensor) -> Tensor:
+    """A detached copy of ``t``'s values: ``t.detach().clone()``, and for a traceable wrapper
+    subclass the class rebuilt from copies of its inner tensors (it need not implement
+    ``detach`` or ``clone``). Meta and fake tensors copy as ``clone`` copies them."""
+    if not is_wrapper(t) or is_fake(t):
+        return t.detach().clone()
+    names, ctx = t.__tensor_flatten__()
+    inner = {name: value_copy(getattr(t, name)) for name in names}
+    return type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
+
+
 def same_values(a: Tensor, b: Tensor) -> bool:
     """Equal dtype, shape, device and values (NaNs equal); meta and fake tensors compare by
-    metadata (and a fake tensor equals only a fake one)."""
+    metadata (and a fake tensor equals only a fake one).
+
+    Values compare through the running target's comparison for the class, if it gives one
+    (``comparing``); else through torch's ops (``equal``, ``isnan``, ``nan_to_num``); two
+    wrapper subclass tensors of one class whose class lacks one of those ops compare by their
+    parts (``__tensor_flatten__``: equal context, same values inner tensor by inner tensor)."""
     if (a.dtype, a.shape, a.device, a.layout) != (b.dtype, b.shape, b.device, b.layout):
         return False
     if not holds_values(a) or not holds_values(b):
         return is_fake(a) == is_fake(b)
+    compare = host_comparison(a, b)
+    if compare is not None:
+        return bool(compare(a, b))
+    try:
+        return _same_by_ops(a, b)
+    except (NotImplementedError, TypeError):  # what a subclass raises for an op it lacks
+        if type(a) is not type(b) or not is_wrapper(a):
+            raise
+    return _same_parts(a, b)
+
+
+def _same_by_ops(a: Tensor, b: Tensor) -> bool:
     a, b = a.detach(), b.detach()
     if a.layout != torch.strided:
         a, b = a.to_dense(), b.to_dense()
@@ -242,6 +310,13 @@ def same_values(a: Tensor, b: Tensor) -> bool:
     if not floating_or_complex(a):
         return False
     return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def _same_parts(a: Tensor, b: Tensor) -> bool:
+    """Two tensors of one traceable wrapper subclass: equal flatten contexts and inner tensors."""
+    (names, ctx), (other_names, other_ctx) = a.__tensor_flatten__(), b.__tensor_flatten__()
+    return (names == other_names and ctx == other_ctx
+            and all(same_values(getattr(a, n), getattr(b, n)) for n in names))
 
 
 @dataclass

@@ -37,7 +37,12 @@ from torch.nn.parameter import UninitializedTensorMixin
 
 from swapspec import reference
 from swapspec.properties.models.call_state import ModuleState, module_state
-from swapspec.properties.models.examples import holds_values, named_tensors, same_values
+from swapspec.properties.models.examples import (
+    holds_values,
+    named_tensors,
+    same_values,
+    value_copy,
+)
 from swapspec.properties.vocabulary import Violation
 from swapspec.strategies import tree_info
 from swapspec.strategies.modules import BATCH, FEATURES
@@ -106,7 +111,7 @@ class _Mapping:
 def _mapping(obj: Mapping) -> _Mapping:
     items = list(obj.items())
     return _Mapping(obj, tuple(k for k, _ in items), tuple(id(v) for _, v in items),
-                    {id(v): v.detach().clone() for _, v in items
+                    {id(v): value_copy(v) for _, v in items
                      if isinstance(v, Tensor) and holds_values(v)})
 
 
@@ -401,7 +406,7 @@ def _fresh(module: nn.Module) -> nn.Module:
 
 
 def _clone(t: Tensor | None) -> Tensor | None:
-    return t.detach().clone() if isinstance(t, Tensor) and holds_values(t) else None
+    return value_copy(t) if isinstance(t, Tensor) and holds_values(t) else None
 
 
 def _restore(saved: list) -> None:

@@ -13,7 +13,7 @@ from torch.nn.parameter import is_lazy
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.models.examples import Example, slots
+from swapspec.properties.models.examples import Example, slots, value_copy
 from swapspec.strategies.state_dicts import filled_by_overrides
 from swapspec.strategies.state_dicts import (
     swap_refused as swap_refused,  # re-exported: the predicates' name
@@ -238,7 +238,7 @@ def record(t: Tensor) -> TensorRecord:
     readable = not is_lazy(t) and not t.is_meta
     grad = t.grad if isinstance(t, nn.Parameter) else None
     return TensorRecord(t, type(t), t._cdata, tuple(sorted(t.__dict__)), t.requires_grad, grad,
-                        t.dtype, t.device, t.detach().clone() if readable else None)
+                        t.dtype, t.device, value_copy(t) if readable else None)
 
 
 @dataclass

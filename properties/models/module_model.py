@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from swapspec.properties.models.apply_state import expected_path, same_metadata
-from swapspec.properties.models.examples import named_tensors
+from swapspec.properties.models.examples import named_tensors, value_copy
 from swapspec.properties.models.oracle import slot_of
 from swapspec.strategies.trees import TreeSpec, build_tree
 
@@ -542,7 +542,7 @@ def _slot_groups(spec: TreeSpec) -> tuple[tuple[str, ...], ...]:
 
 def _copy(t: Tensor) -> Tensor:
     """A detached copy the model owns (meta tensors stay meta)."""
-    return t.detach().clone()
+    return value_copy(t)
 
 
 def _set_slot(module: nn.Module, name: str, value: Tensor) -> None:

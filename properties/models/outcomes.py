@@ -3,6 +3,7 @@ can judge either."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,22 @@ def attempt(call: Callable[[], Any]) -> Outcome:
         # without this frame in its traceback: the frame holds ``e``, a cycle that would keep
         # every frame below (and the tensors and graphs they hold) alive until a collection
         return Outcome(error=e.with_traceback(e.__traceback__.tb_next))
+
+
+TARGET_RAISED = "swapspec_target_raised"  # set on an exception a target call raised
+
+
+def mark_target_error(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised by a target call (``raised_by_target``); return it."""
+    with contextlib.suppress(AttributeError):  # a type that takes no attributes: unmarked
+        setattr(error, TARGET_RAISED, True)
+    return error
+
+
+def raised_by_target(error: BaseException) -> bool:
+    """Whether a target call raised ``error`` (``mark_target_error``): an error that escapes a
+    property is then the target's, else the suite's own (a harness error)."""
+    return bool(getattr(error, TARGET_RAISED, False))
 
 
 def same_output(a: Outcome, b: Outcome) -> bool:

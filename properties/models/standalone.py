@@ -26,7 +26,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedTensorMixin
 
+from swapspec.properties.models.examples import is_fake, is_wrapper
 from swapspec.strategies import trees
+from swapspec.strategies.host_leaves import HostModule, registered
 from swapspec.strategies.trees import ContainerSpec, LeafSpec, TreeSpec
 
 IMPORTS = [
@@ -47,7 +49,7 @@ IMPORTS = [
     "from torch.nn.utils import parametrize",
 ]
 
-SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices")
+SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices", "host_leaves")
 
 CATALOGUE_LEAF = '''
 def catalogue_leaf(entry, variant, seed):
@@ -206,6 +208,9 @@ def _node_lines(node: LeafSpec | ContainerSpec, path: str, built: nn.Module) -> 
         return [f"{here} = {_CONTAINERS[node.kind]}()"]
     if node.kind == "catalogue":
         return _catalogue_lines(node, path, built)
+    if node.kind == "host":
+        return [*_host_build(registered(node.entry)).splitlines(),
+                f"{here} = HostLeaf({node.entry!r}, inner, {_inputs_code(registered(node.entry))})"]
     if node.kind == "LazyLinear":
         lines = [f"{here} = SwLazyLinear(4)", f"{here}.sw_seed = {built.sw_seed}"]
         return lines + ([f"{here}(torch.zeros(2, 4))  # materializes it"] if node.initialized else [])
@@ -230,6 +235,44 @@ def _slot_lines(here: str, built: nn.Module) -> list[str]:
         code = "None" if value is None else tensor_code(value)
         lines.append(f"{here}.register_buffer({key!r}, {code}{persistent})")
     return lines
+
+
+class NoHostSource(ValueError):
+    """A host module that a standalone script cannot build (see ``HostModule.source``)."""
+
+
+def _host_source(host: HostModule) -> list[str]:
+    source = host.source("inner")
+    if source is None:
+        raise NoHostSource(f"host module {host.name!r}: its build is no importable class or "
+                           "function (or a functools.partial of one with literal arguments), so "
+                           "a standalone script cannot build it")
+    return source.splitlines()
+
+
+def _host_build(host: HostModule) -> str:
+    """The line that builds the host's module into ``inner`` (its import heads the script)."""
+    return _host_source(host)[-1]
+
+
+def _inputs_code(host: HostModule) -> str:
+    """The host leaf's ``inputs``: ``_as_args`` (the default), or the host's importable function."""
+    inputs = host.inputs
+    if inputs is HostModule.__dataclass_fields__["inputs"].default:
+        return "_as_args"
+    module, name = getattr(inputs, "__module__", None), getattr(inputs, "__qualname__", "")
+    if module is None or not name.isidentifier():
+        raise NoHostSource(f"host module {host.name!r}: its inputs is no importable function, so "
+                           "a standalone script cannot call it")
+    return f"importlib.import_module({module!r}).{name}"
+
+
+def host_imports(module: nn.Module) -> list[str]:
+    """The import lines of the host modules in ``module``'s drawn tree (they head a repro)."""
+    spec = trees.tree_info(module).spec
+    hosts = [registered(node.entry) for _, _, node in trees.walk(spec.root)
+             if isinstance(node, LeafSpec) and node.kind == "host"]
+    return list(dict.fromkeys(line for host in hosts for line in _host_source(host)[:-1]))
 
 
 def _catalogue_lines(node: LeafSpec, path: str, built: nn.Module) -> list[str]:
@@ -381,6 +424,8 @@ def tensor_code(t: Tensor) -> str:
     data = t.detach()
     if type(data).__name__ == "TwoTensor":
         code = f"TwoTensor({tensor_code(data.a)}, {tensor_code(data.b)})"
+    elif _rebuilt_by_parts(data):
+        code = wrapper_code(data)
     elif data.device.type == "meta" or type(data).__name__ == "FakeTensor":  # a fake one: its metadata
         code = f"torch.empty({list(data.shape)}, dtype={data.dtype}, device='meta')"
     elif data.layout != torch.strided:
@@ -388,6 +433,29 @@ def tensor_code(t: Tensor) -> str:
     else:
         code = f"torch.tensor({literal(data.cpu().tolist())}, dtype={data.dtype})"
     return f"{code}.requires_grad_()" if t.requires_grad else code
+
+
+def _rebuilt_by_parts(t: Tensor) -> bool:
+    """A traceable wrapper subclass of an importable class whose flatten context is a literal:
+    ``wrapper_code`` writes it (other subclasses, ``DTensor`` among them, are written by value)."""
+    if not is_wrapper(t) or is_fake(t) or "<" in type(t).__qualname__:
+        return False
+    _, ctx = t.__tensor_flatten__()
+    try:
+        return ast.literal_eval(repr(ctx)) == ctx
+    except (ValueError, SyntaxError):
+        return False
+
+
+def wrapper_code(t: Tensor) -> str:
+    """Python source that rebuilds a traceable wrapper subclass tensor from its parts:
+    ``<its class>.__tensor_unflatten__({inner name: inner tensor}, context, size, stride)``, the
+    class imported by its module's name (the script imports nothing else of the host)."""
+    names, ctx = t.__tensor_flatten__()
+    cls = type(t)
+    inner = ", ".join(f"{n!r}: {tensor_code(getattr(t, n))}" for n in names)
+    return (f"importlib.import_module({cls.__module__!r}).{cls.__qualname__}.__tensor_unflatten__("
+            f"{{{inner}}}, {ctx!r}, {list(t.shape)}, {tuple(t.stride())})")
 
 
 def parameter_code(p: nn.Parameter) -> str:

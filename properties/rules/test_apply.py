@@ -38,6 +38,7 @@ from swapspec.properties.models.examples import (
     named_tensors,
     same_values,
     slots,
+    value_copy,
 )
 from swapspec.properties.rules.clauses import check_path, no_error
 from swapspec.strategies import FlagSetting, flag_settings, module_trees, value_changing_conversions
@@ -357,7 +358,7 @@ def test_apply_recurse_false_touches_own_tensors_only(target, case, flags):
            if t is not None}
     others = {n: t for n, t in snap.names.items() if id(t) not in own}
     assume(others)
-    values = {n: t.detach().clone() for n, t in others.items() if not is_uninitialized(t)}
+    values = {n: value_copy(t) for n, t in others.items() if not is_uninitialized(t)}
     outcome = run_converted(target, example)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
@@ -416,8 +417,8 @@ def _all_grads(module):
 
 def _values(snap) -> tuple[dict, dict]:
     """Copies of every tensor's and every grad's values, to compare after a failed apply."""
-    values = {n: t.detach().clone() for n, t in snap.names.items() if not is_uninitialized(t)}
-    grad_values = {k: g.detach().clone() for k, g in snap.grads.items() if g is not None}
+    values = {n: value_copy(t) for n, t in snap.names.items() if not is_uninitialized(t)}
+    grad_values = {k: value_copy(g) for k, g in snap.grads.items() if g is not None}
     return values, grad_values
 
 
@@ -519,7 +520,7 @@ def test_apply_double_then_float_restores_values(target, module, flags, public):
     assume(not (flags.swap and refused_by_swap(module)))  # APPLY-REFUSED-SWAP's business
     example = Example(module, conversion=there, flags=flags)
     check = Checker("APPLY-ROUND-TRIP", target, example)
-    before = {n: t.detach().clone() for n, t in named_tensors(module).items()
+    before = {n: value_copy(t) for n, t in named_tensors(module).items()
               if not is_uninitialized(t)}
     outcome = run_converted(target, example)
     if no_error(check, outcome, "double()"):

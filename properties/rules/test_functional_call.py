@@ -40,6 +40,7 @@ from swapspec.properties.models.examples import (
     named_tensors,
     same_values,
     slots,
+    value_copy,
 )
 from swapspec.properties.models.oracle import (
     ExpectedError,
@@ -526,7 +527,7 @@ def _leaf(value: Any) -> Any:
     """A fresh leaf that requires grad, for a given floating or complex parameter value."""
     if (isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex())
             and value.device.type == "cpu"):
-        return value.detach().clone().requires_grad_()
+        return value_copy(value).requires_grad_()
     return value
 
 

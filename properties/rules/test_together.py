@@ -14,7 +14,7 @@ from swapspec.properties.harness.repro import call_repro
 from swapspec.properties.harness.target_calls import call_target, target_call_inputs
 from swapspec.properties.models.apply_state import WORLD_CHANCE, conversion_named, is_uninitialized
 from swapspec.properties.models.call_state import module_state, replaced_originals
-from swapspec.properties.models.examples import Example, named_tensors
+from swapspec.properties.models.examples import Example, named_tensors, value_copy
 from swapspec.properties.models.oracle import ExpectedError, expected_outcome, slot_of
 from swapspec.properties.models.outcomes import attempt
 from swapspec.properties.rules.clauses import check_untouched
@@ -87,7 +87,7 @@ def test_apply_inside_forward_leaves_original_intact(target, data):
     to_meta = conversion_named("to('meta')")
     registered = named_tensors(module)
     assume(not any(is_uninitialized(t) for t in registered.values()))
-    clones = {id(t): t.detach().clone() for t in registered.values()}
+    clones = {id(t): value_copy(t) for t in registered.values()}
     fresh = {n: clones[id(t)] for n, t in registered.items()}  # aliases share one clone
     call = data.draw(target_call_inputs(target, module), label="call")
     call = dataclasses.replace(call, tensors=fresh, tie_weights=False, strict=False)
