@@ -294,3 +294,21 @@ def test_refused_by_swap_counts_a_parameter_whose_grad_is_held():
     with pytest.raises(RuntimeError, match=r"Couldn't swap .*\.weight\.grad"):
         reference.apply(module, lambda t: t.double(), overwrite=False, swap=True)
     del held
+
+
+@pytest.mark.parametrize("form", ["dict", "tuple-disjoint"])
+def test_fc_gradients_examples_carry_the_call_the_target_receives(form):
+    """Rule: FC-GRADIENTS judges (declarations, repro) the call with its added grad leaves, in
+    the form the target receives it, not the drawn call."""
+    from swapspec.properties.rules.test_functional_call import _received, _with_grad_leaves
+
+    module = torch.nn.Linear(2, 2)
+    value = torch.zeros(2)
+    tensors = {"bias": value} if form == "dict" else ({"bias": value}, {})
+    drawn = CallInput(tensors=tensors, args=(torch.ones(1, 2),), kwargs={}, form=form)
+    params = {n for n, _ in module.named_parameters()}
+    call = _received(drawn, _with_grad_leaves(module, drawn, params))
+    given = call.merged()
+    assert given["bias"].requires_grad and given["bias"] is not value
+    assert (call.form, type(call.tensors)) == (("dict", dict) if form == "dict"
+                                                else ("tuple-single", tuple))

@@ -468,12 +468,15 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
     the first parameter it can take without a conflict. Origin: the purpose of
     ``functional_call`` (``torch.func.grad`` over parameters).
     """
-    module, call, example, check = _draw(data, "FC-GRADIENTS", target, valid=True,
-                                         failing=False, forward_safe=True,
-                                         module_strategy=trainable_trees)
+    module = data.draw(trainable_trees, label="module")
+    drawn = data.draw(target_call_inputs(target, module, valid=True, failing=False,
+                                         forward_safe=True), label="call")
     params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
-    given = _with_grad_leaves(module, call, params)
-    tensors = given if isinstance(call.tensors, dict) else (given,)  # the form drawn
+    given = _with_grad_leaves(module, drawn, params)
+    call = _received(drawn, given)
+    tensors = call.tensors
+    example = Example(module, call=call)  # what the target receives: declarations and repro
+    check = Checker("FC-GRADIENTS", target, example)
     filled = _expected(module, call, tensors)
     assume(not isinstance(filled, ExpectedError))  # a safety net: _with_grad_leaves keeps it valid
     registered = named_tensors(module)
@@ -499,6 +502,14 @@ def test_fc_gradients_flow_to_given_tensors_only(target, data):
             check.that(v.grad is not None, "no-grad-to-given",
                        f"backward did not reach the given tensor for {name!r}")
     _verdict(check, example, target)
+
+
+def _received(drawn: Any, given: dict[str, Any]) -> Any:
+    """The call the target receives: ``drawn`` with ``given`` as its tensors, in one dict, or
+    in a 1-tuple where a tuple was drawn."""
+    if isinstance(drawn.tensors, dict):
+        return dataclasses.replace(drawn, tensors=given, form="dict")
+    return dataclasses.replace(drawn, tensors=(given,), form="tuple-single")
 
 
 def _with_grad_leaves(module, call, params: set[str]) -> dict[str, Any]:
