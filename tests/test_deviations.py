@@ -66,7 +66,7 @@ def test_holds_for_installed_torch_reads_torch_version(monkeypatch):
 def restore_observed():
     """Checker.verdict counts into process-global counters; put them back after each test."""
     counters = (checker.OBSERVED, checker.DECLARED, checker.DECLARED_SHOWN,
-                checker.UNDECLARED, checker.UNDECLARED_MESSAGES)
+                checker.UNDECLARED, checker.UNDECLARED_MESSAGES, checker.NOT_RUN)
     saved = [dict(c) for c in counters]
     for c in counters:
         c.clear()
@@ -212,6 +212,7 @@ def test_a_declared_crash_skips_the_example_and_counts_only_itself():
     assert dict(checker.OBSERVED) == {("APPLY-TIES", "planted", vocabulary.CRASH): 1}
     assert dict(checker.DECLARED) == {("APPLY-TIES", "planted", crash.key): 1}
     assert dict(checker.DECLARED_SHOWN) == {("APPLY-TIES", "planted", crash.key): 1}
+    assert dict(checker.NOT_RUN) == {("APPLY-TIES", "planted", crash.key): 1}
 
 
 def test_without_a_crash_declaration_nothing_is_skipped_or_counted():
@@ -265,9 +266,23 @@ def test_table_merges_tests_of_one_pair():
     ])
     assert table == {"P": {"t": {"status": "deviation", "deviations": {"a": 3, "b": 4},
                                  "reason": "", "tests": 4, "failures": [], "declarations": {},
-                                 "undeclared": {}, "undeclared_messages": {}}}}
+                                 "not_run": {}, "undeclared": {}, "undeclared_messages": {}}}}
     assert render_cell(table["P"]["t"], 1) == "dev [1]"
     assert cell_note(table["P"]["t"]) == "deviations seen: a x3, b x4"
+
+
+def test_a_deviation_note_names_the_declarations_that_matched_and_the_crashes():
+    results = [{**_result("P", "t", "deviation", {"a": 2, vocabulary.CRASH: 7}),
+                "declarations": {"host.p.a": [5, 2], "host.p.quiet": [3, 0],
+                                 "torch.p.crash": [7, 7]},
+                "not_run": {"torch.p.crash": 4}},
+               {**_result("P", "t", "pass"), "not_run": {"torch.p.crash": 3}}]
+    cell = conformance_table(results)["P"]["t"]
+    assert cell["not_run"] == {"torch.p.crash": 7}
+    assert cell_note(cell) == ("deviations seen: a x2, crash x7; matched: host.p.a x2; "
+                               "not run (declared crash): torch.p.crash x7")
+    lines = render_table({"P": {"t": cell}}, width=40)
+    assert "torch.p.crash x7" in " ".join(lines)  # an ID is never broken at its hyphens
 
 
 @pytest.mark.parametrize(("statuses", "worst"), [

@@ -261,7 +261,8 @@ def test_observed_declared_deviation_passes_and_is_counted(planted):
     assert planted.outcomes["test_apply_keeps_ties[reference]"][0] == "passed"
     _, table = parse_table(planted.stdout)
     word, note = table["APPLY-TIES"]["declared-tie-split"]
-    assert word == "dev" and re.fullmatch(r"deviations seen: parameter-tie-split x[1-9]\d*", note), note
+    assert word == "dev" and re.fullmatch(r"deviations seen: parameter-tie-split x([1-9]\d*); "
+                                          r"matched: planted.apply.tie-split x\1", note), note
     json_cell = planted.report["table"]["APPLY-TIES"]["declared-tie-split"]
     assert json_cell["status"] == "deviation"
     assert json_cell["deviations"]["parameter-tie-split"] >= 1

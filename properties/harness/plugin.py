@@ -361,6 +361,7 @@ def pytest_runtest_call(item: pytest.Item):
     region, shown = Counter(checker.IN_REGION), Counter(checker.SHOWN)
     declared = Counter(checker.DECLARED), Counter(checker.DECLARED_SHOWN)
     undeclared = Counter(checker.UNDECLARED)
+    not_run = Counter(checker.NOT_RUN)
     pairs_before = pairs.snapshot()
     try:
         with _count_cases(item):
@@ -373,6 +374,7 @@ def pytest_runtest_call(item: pytest.Item):
         applied = Counter(checker.DECLARED) - declared[0]
         showed = Counter(checker.DECLARED_SHOWN) - declared[1]
         item.swapspec_declarations = {key[2]: [n, showed[key]] for key, n in applied.items()}
+        item.swapspec_not_run = {key[2]: n for key, n in (Counter(checker.NOT_RUN) - not_run).items()}
         new_undeclared = Counter(checker.UNDECLARED) - undeclared
         item.swapspec_undeclared = {clause: n for (_, _, clause), n in new_undeclared.items()}
         item.swapspec_undeclared_messages = {key[2]: checker.UNDECLARED_MESSAGES.get(key, "")
@@ -432,6 +434,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         entry = {"property": pid, "target": target.name,
                  "deviations": {clause: n for (_, _, clause), n in counts.items()},
                  "declarations": getattr(item, "swapspec_declarations", {}) if in_call else {},
+                 "not_run": getattr(item, "swapspec_not_run", {}) if in_call else {},
                  "undeclared": getattr(item, "swapspec_undeclared", {}) if in_call else {},
                  "undeclared_messages":
                      getattr(item, "swapspec_undeclared_messages", {}) if in_call else {}}

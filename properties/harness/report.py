@@ -44,6 +44,9 @@ def _merge_counts(cell: dict, result: dict) -> None:
         total = declarations.setdefault(key, [0, 0])
         total[0] += applied
         total[1] += shown
+    not_run = cell.setdefault("not_run", {})
+    for key, n in result.get("not_run", {}).items():
+        not_run[key] = not_run.get(key, 0) + n
     undeclared = cell.setdefault("undeclared", {})
     for clause, n in result.get("undeclared", {}).items():
         undeclared[clause] = undeclared.get(clause, 0) + n
@@ -66,9 +69,13 @@ _SKIP_PREFIX = re.compile(r"^(?P<target>.+) declares a skip for \S+: (?P<reason>
 
 def cell_note(cell: dict) -> str:
     """The long text of a cell, shown once as a numbered note under the table: the declared
-    deviations seen and their counts, the skip reason, or the broken rules."""
+    deviations seen and their counts with the IDs of the declarations that matched, and the
+    examples a declared crash kept from running; the skip reason; or the broken rules."""
     if cell["status"] == "deviation":
-        return "deviations seen: " + ", ".join(f"{c} x{n}" for c, n in sorted(cell["deviations"].items()))
+        return "; ".join(part for part in (
+            "deviations seen: " + ", ".join(f"{c} x{n}" for c, n in sorted(cell["deviations"].items())),
+            _counted("matched", _matched(cell)),
+            _counted("not run (declared crash)", cell.get("not_run", {}))) if part)
     if cell["status"] == "skipped":
         match = _SKIP_PREFIX.match(cell["reason"])
         return (f"{match['target']} declares a skip: {match['reason']}" if match
@@ -78,6 +85,18 @@ def cell_note(cell: dict) -> str:
                               for f in cell.get("failures", []))
         return ("broken: " + "; ".join(_shortened(r) for r in rules)) if rules else ""
     return ""
+
+
+def _matched(cell: dict) -> dict[str, int]:
+    """The declarations (by key: the ID) that showed on some example of the cell, and on how
+    many, declared crashes left out (they are counted as not run)."""
+    not_run = cell.get("not_run", {})
+    return {key: shown for key, (_, shown) in cell.get("declarations", {}).items()
+            if shown and key not in not_run}
+
+
+def _counted(title: str, counts: dict[str, int]) -> str:
+    return f"{title}: " + ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) if counts else ""
 
 
 def _shortened(text: str, limit: int = 160) -> str:
@@ -117,7 +136,7 @@ def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) ->
                            "deviations; skip: declared not to apply; -: not run", width)
     lines += [f"{h} = {t}" for t, h in headers.items() if h != t]
     for text, number in notes.items():
-        lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ",
+        lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ", break_on_hyphens=False,
                                subsequent_indent=" " * (len(str(number)) + 3))
     return lines
 

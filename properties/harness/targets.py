@@ -42,8 +42,9 @@ None); a feature of the call (``tie_weights``, ``strict``, ``tuple_inputs``) is 
 ``lacks`` names it, and never without ``functional_call``; ``tuple_inputs`` needs a tuple form
 in ``call_forms``. A property that needs a missing feature
 (``properties.vocabulary.NEEDS``) is skipped with one stated reason, and the calls draw only the
-options the target has: without ``tie_weights`` every call is a ``tie_weights=True`` call made
-without the keyword; without ``strict``, a ``strict=False`` call made without the keyword.
+options the target has: without ``tie_weights`` every call is made without the keyword and
+judged as torch's ``tie_weights=False`` (each name written on its own: giving one name of a tie
+leaves the others as they are); without ``strict``, as a ``strict=False`` call.
 
 Select one with ``--swapspec-target``, ``SWAPSPEC_TARGET`` or the ini key ``swapspec_target``:
 a built-in name, ``all`` (every built-in), ``package.module`` (the module is the target) or
@@ -64,6 +65,7 @@ import torch
 from torch import nn
 
 from swapspec import reference
+from swapspec.properties.declarations import select
 from swapspec.properties.declarations.torch import (
     STATELESS_DEVIATIONS,
     TORCH_DEVIATIONS,
@@ -256,6 +258,20 @@ def builtin_target(name: str) -> Target:
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
+
+
+def torch_declarations(*, ids: Iterable[str] = (), properties: Iterable[str] = (),
+                       clauses: Iterable[str] = ()) -> tuple[Deviation, ...]:
+    """The built-in ``torch`` and ``torch-stateless`` targets' declarations, each once, that
+    match every criterion given (``properties.declarations.select``): for a host whose target
+    wraps torch and inherits some of its deviations, e.g.
+    ``torch_declarations(properties=["FC-PARAMETRIZED"])`` or ``torch_declarations(ids=[...])``.
+    """
+    found: dict[int, Deviation] = {}
+    for name in ("torch", "torch-stateless"):
+        for d in builtin_target(name).deviations:
+            found.setdefault(id(d), d)
+    return select(found.values(), ids=ids, properties=properties, clauses=clauses)
 
 
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",

@@ -26,6 +26,7 @@ MERGES_OVERLAPS = Deviation(
     reason="mylib reads a tuple of dicts like a ChainMap (the later dict wins) where the spec "
            "raises ValueError. Repro: m = nn.Linear(2, 2); b = torch.zeros(2); "
            "mylib.functional_call(m, ({'bias': b}, {'bias': b}), (torch.ones(1, 2),))  # returns",
+    id="mylib.fc.merges-overlaps",
 )
 
 FAKE_QUANTIZE = Conversion("mylib.fake_quantize", "lambda t: fake_quantize(t)",
