@@ -49,13 +49,17 @@ def run_method(target: Any, example: Example, call: Any) -> Outcome:
 
 
 # ---- functional_call ---------------------------------------------------------------------
-KEYWORD_DEFAULTS = {"tie_weights": True, "strict": False}
+# What a call means on a target without the keyword (``Target.has``): a functional call that
+# takes no ``tie_weights`` writes each name it is given on its own, which is torch's
+# ``tie_weights=False``; one without ``strict`` accepts any subset of names, ``strict=False``.
+WITHOUT_KEYWORD = {"tie_weights": False, "strict": False}
 
 
 def target_call_inputs(target: Any, module: nn.Module, **options: Any):
     """``call_inputs`` drawing only what ``target`` takes: its ``call_forms``, and each keyword it
-    lacks (``Target.has``) fixed to the spec's default."""
-    fixed = {k: v for k, v in KEYWORD_DEFAULTS.items() if not target.has(k)}
+    lacks (``Target.has``) fixed to what a call without it means (``WITHOUT_KEYWORD``), so the
+    oracle judges the call by those rules."""
+    fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
     return call_inputs(module, forms=target.call_forms, **{**options, **fixed})
 
 
