@@ -140,7 +140,7 @@ def test_functional_call_only_target_runs_without_keywords_and_skips_once(tmp_pa
 
 
 def test_a_call_without_tie_weights_is_drawn_as_tie_weights_false():
-    from swapspec.properties.harness.target_calls import target_call_inputs
+    from swapspec.properties.harness.target_calls import fixed_keywords, target_call_inputs
     from swapspec.strategies import build_tree
     from swapspec.strategies.trees import TreeSpec
 
@@ -151,6 +151,9 @@ def test_a_call_without_tie_weights_is_drawn_as_tie_weights_false():
         find(target_call_inputs(keyless, module), lambda c: c.tie_weights)
     assert find(target_call_inputs(full, module), lambda c: True).tie_weights is True
     assert find(target_call_inputs(full, module), lambda c: not c.tie_weights).tie_weights is False
+    # a call a property builds itself (FC-PARAMETRIZED) takes the same fixed keywords
+    assert fixed_keywords(keyless) == {"tie_weights": False, "strict": False}
+    assert fixed_keywords(full) == {}
 
 
 @pytest.mark.slow  # a pytest run in a subprocess: CI-only (see pyproject's markers)

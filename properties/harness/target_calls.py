@@ -59,8 +59,13 @@ def target_call_inputs(target: Any, module: nn.Module, **options: Any):
     """``call_inputs`` drawing only what ``target`` takes: its ``call_forms``, and each keyword it
     lacks (``Target.has``) fixed to what a call without it means (``WITHOUT_KEYWORD``), so the
     oracle judges the call by those rules."""
-    fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
-    return call_inputs(module, forms=target.call_forms, **{**options, **fixed})
+    return call_inputs(module, forms=target.call_forms, **{**options, **fixed_keywords(target)})
+
+
+def fixed_keywords(target: Any) -> dict[str, bool]:
+    """The keywords ``target`` lacks, each fixed to what a call without it means: for a
+    ``CallInput`` a property builds itself, so the oracle judges it by the target's rules."""
+    return {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
 
 
 def call_target(target: Any, module: nn.Module, tensors: Any, args: tuple, kwargs: dict, *,

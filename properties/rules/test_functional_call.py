@@ -22,7 +22,11 @@ from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.plugged import with_modules
 from swapspec.properties.harness.repro import call_repro, keyword_code
-from swapspec.properties.harness.target_calls import call_target, target_call_inputs
+from swapspec.properties.harness.target_calls import (
+    call_target,
+    fixed_keywords,
+    target_call_inputs,
+)
 from swapspec.properties.models.apply_state import WORLD_CHANCE, is_uninitialized
 from swapspec.properties.models.call_state import (
     copy_outcome,
@@ -554,7 +558,8 @@ def test_fc_parametrized_names(target, data):
     key, value, expected = _parametrized_input(owner, path, name, disable, data)
     (x,) = data.draw(forward_inputs(), label="x")
     x = x.to("meta") if meta_built(module) else x
-    call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}))
+    call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}),
+                     **fixed_keywords(target))
     example = Example(module, call=call)
     check = Checker("FC-PARAMETRIZED", target, example)
     if check.skips_declared_crash():
