@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from swapspec.properties.harness import targets
 from swapspec.properties.harness.report import STATUS_WORDS, cell_note
 from swapspec.properties.harness.repro import retargeted
 from swapspec.properties.harness.targets import builtin_target
@@ -326,10 +327,11 @@ def test_json_report_matches_terminal_table_under_xdist(planted_xdist, planted):
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("nosuch", "ERROR: swapspec: unknown built-in target 'nosuch'; choose one of reference, "
-               "torch, torch-stateless or give package.module:attribute"),
+    ("nosuch", "ERROR: swapspec: cannot load target 'nosuch': not a built-in name (reference, "
+               "torch, torch-stateless) and ModuleNotFoundError: No module named 'nosuch'"
+               + targets._IMPORT_HINT),
     ("nosuch.module:x", "ERROR: swapspec: cannot load target 'nosuch.module:x': "
-                        "ModuleNotFoundError: No module named 'nosuch'"),
+                        "ModuleNotFoundError: No module named 'nosuch'" + targets._IMPORT_HINT),
 ])
 def test_bad_target_is_one_line_usage_error(tmp_path, spec, message):
     run = run_pytest(tmp_path, TIES, f"--swapspec-target={spec}")

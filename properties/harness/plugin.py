@@ -51,7 +51,10 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import re
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,10 +135,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if spec is None and _collects_properties(config):
         raise pytest.UsageError(NO_TARGET)
     try:
-        config.swapspec_targets = load_targets(spec) if spec else None
+        search = (config.invocation_params.dir, config.rootpath)
+        config.swapspec_targets = load_targets(spec, search) if spec else None
     except TargetError as e:
         raise pytest.UsageError(f"swapspec: {e}") from None
     config.swapspec_results = []
+    _storage_outside_the_tree(config)
     if not hasattr(config, "workerinput"):
         crashes.make_directory()
     if config.getoption("--swapspec-coverage"):
@@ -146,6 +151,43 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         crashes.remove_directory()
+    _restore_storage(config)
+
+
+STORAGE_ENV = "HYPOTHESIS_STORAGE_DIRECTORY"
+
+
+def _storage_outside_the_tree(config: pytest.Config) -> None:
+    """With the example database off (the loaded profile's ``database`` is None and no
+    ``--swapspec-database``) and no storage directory chosen (``HYPOTHESIS_STORAGE_DIRECTORY``),
+    Hypothesis' other files (its unicode table cache, the explain phase's patches) go to a
+    temporary folder removed after the run, not to ``.hypothesis/`` in the working directory:
+    nothing is written to the host's tree."""
+    from hypothesis import configuration
+
+    if (settings().database is not None or os.environ.get(STORAGE_ENV)
+            or _option(config, "--swapspec-database", "SWAPSPEC_DATABASE")):
+        return
+    saved = vars(configuration).get("__hypothesis_home_directory")
+    folder = tempfile.mkdtemp(prefix="swapspec-hypothesis-")
+    configuration.set_hypothesis_home_dir(folder)
+    config.stash[STORAGE] = (folder, saved)
+
+
+STORAGE = pytest.StashKey[tuple[str, object]]()
+
+
+def _restore_storage(config: pytest.Config) -> None:
+    """Undo ``_storage_outside_the_tree``: Hypothesis' home folder back, the temporary one gone."""
+    from hypothesis import configuration
+
+    made = config.stash.get(STORAGE, None)
+    if made is None:
+        return
+    folder, saved = made
+    configuration.set_hypothesis_home_dir(saved)
+    shutil.rmtree(folder, ignore_errors=True)
+    del config.stash[STORAGE]
 
 
 def _collects_properties(config: pytest.Config) -> bool:

@@ -47,18 +47,21 @@ judged as torch's ``tie_weights=False`` (each name written on its own: giving on
 leaves the others as they are); without ``strict``, as a ``strict=False`` call.
 
 Select one with ``--swapspec-target``, ``SWAPSPEC_TARGET`` or the ini key ``swapspec_target``:
-a built-in name, ``all`` (every built-in), ``package.module`` (the module is the target) or
-``package.module:attribute``; comma-separated for several.
+a built-in name, ``all`` (every built-in), ``module`` or ``package.module`` (the module is the
+target) or either with ``:attribute``; comma-separated for several. A module not importable
+otherwise is looked for in the folder pytest was started in, then in its rootdir.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -296,25 +299,56 @@ def from_object(obj: Any) -> Target:
     return Target(str(obj.name), **found)
 
 
-def load_target(spec: str) -> Target:
-    """A built-in name, ``package.module`` or ``package.module:attribute`` naming a target."""
+def load_target(spec: str, search: Sequence[str | Path] = ()) -> Target:
+    """A built-in name, ``module`` (a top-level module), ``package.module`` or either with
+    ``:attribute``, naming a target.
+
+    A module that is not importable but lies in one of the ``search`` folders (the plugin's:
+    the folder pytest was started in, then the rootdir) is imported from there: that folder goes
+    first on ``sys.path``, as ``python -m pytest`` would have put it.
+    """
     spec = spec.strip()
-    if ":" not in spec and (spec in BUILTIN_NAMES or "." not in spec):
+    if spec in BUILTIN_NAMES:
         return builtin_target(spec)
     module_name, _, attribute = spec.partition(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj = _import(module_name, search)
         if attribute:
             obj = getattr(obj, attribute)
     except (ImportError, AttributeError) as e:
-        raise TargetError(f"cannot load target {spec!r}: {type(e).__name__}: {e}") from e
+        unknown = "" if ":" in spec or "." in spec else (
+            f"not a built-in name ({', '.join(BUILTIN_NAMES)}) and ")
+        raise TargetError(f"cannot load target {spec!r}: {unknown}{type(e).__name__}: {e}"
+                          + _IMPORT_HINT * isinstance(e, ModuleNotFoundError)) from e
     return dataclasses.replace(from_object(obj), spec=spec)
 
 
-def load_targets(spec: str) -> Sequence[Target]:
-    """The targets ``spec`` names; ``all`` stands for every built-in."""
+_IMPORT_HINT = (". Run pytest from the folder that holds it (or its package), or put that "
+                "folder on sys.path: PYTHONPATH, or pytest's ini option pythonpath = [\".\"]")
+
+
+def _import(module_name: str, search: Sequence[str | Path]) -> Any:
+    """``importlib.import_module``, retried from the first ``search`` folder that holds the
+    module's top-level package or file."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        top = module_name.partition(".")[0]
+        if e.name != top:
+            raise
+        for folder in map(Path, search):
+            if (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file():
+                sys.path.insert(0, str(folder))
+                importlib.invalidate_caches()
+                return importlib.import_module(module_name)
+        raise
+
+
+def load_targets(spec: str, search: Sequence[str | Path] = ()) -> Sequence[Target]:
+    """The targets ``spec`` names; ``all`` stands for every built-in (``search``: see
+    ``load_target``)."""
     names = [part.strip() for part in spec.split(",") if part.strip()]
     names = [n for part in names for n in (BUILTIN_NAMES if part == "all" else (part,))]
     if not names:
         raise TargetError(f"no target in {spec!r}")
-    return [load_target(name) for name in names]
+    return [load_target(name, search) for name in names]
