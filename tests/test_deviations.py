@@ -326,6 +326,25 @@ def test_table_keeps_skip_reason_and_sorts():
     assert "[1] skipped: does not apply" in lines
 
 
+def test_rows_skipped_on_every_target_are_collapsed_by_reason():
+    why = {"A-ONE": "t does not implement apply", "A-TWO": "t does not implement apply",
+           "F-STRICT": "t does not implement strict"}
+    table = conformance_table([_result(pid, "t", "skipped", reason=r) for pid, r in why.items()]
+                              + [_result("F-ORACLE", "t", "pass")])
+    lines = render_table(table)
+    rows = [line.split(" | ")[0].strip() for line in lines if " | " in line]
+    assert rows == ["property", "F-ORACLE"]
+    notes = dict(re.findall(r"^\[(\d+)\] (.*)$", "\n".join(lines), re.M))
+    by_reason = {notes[n]: line.split(": ", 1)[1]
+                 for line in lines for n in re.findall(r"^skip \[(\d+)\] \(\d+\):", line)}
+    assert by_reason == {"skipped: t does not implement apply": "A-ONE, A-TWO",
+                         "skipped: t does not implement strict": "F-STRICT"}
+    # a row skipped on one target only stays a row
+    two = conformance_table([_result("A-ONE", "t", "skipped", reason="r"),
+                             _result("A-ONE", "u", "pass"), _result("B", "t", "pass")])
+    assert "A-ONE" in [line.split(" | ")[0].strip() for line in render_table(two)]
+
+
 def _worst_cells(target) -> dict[str, dict]:
     """Every property's cell for ``target`` at its longest: every clause it declares seen
     (counts in the thousands), its declared skips, a long failure elsewhere."""

@@ -124,14 +124,21 @@ def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) ->
             number = notes.setdefault(text, len(notes) + 1) if text else None
             cells[(pid, target)] = render_cell(cell, number) if cell else "-"
     headers = {t: t if len(t) <= LONG_NAME else f"T{i}" for i, t in enumerate(targets, 1)}
+    collapsed = _skipped_everywhere(table, targets, headers, cells)
+    shown = {pid: row for pid, row in table.items() if not any(pid in p for p in collapsed.values())}
     lines: list[str] = []
-    for block in _column_blocks(table, targets, headers, cells, width):
+    for block in _column_blocks(shown, targets, headers, cells, width) if shown else []:
         rows = [["property", *(headers[t] for t in block)],
-                *([pid, *(cells[(pid, t)] for t in block)] for pid in table)]
+                *([pid, *(cells[(pid, t)] for t in block)] for pid in shown)]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         fmt = " | ".join(f"{{:<{w}}}" for w in widths)
         lines += [fmt.format(*rows[0]).rstrip(), "-+-".join("-" * w for w in widths),
                   *(fmt.format(*r).rstrip() for r in rows[1:]), ""]
+    for word, pids in collapsed.items():
+        lines += textwrap.wrap(f"{word} ({len(pids)}): {', '.join(pids)}", width,
+                               subsequent_indent="    ", break_on_hyphens=False)
+    if collapsed:
+        lines.append("")
     lines += textwrap.wrap("pass: follows the spec; FAIL: breaks it; dev: passes with declared "
                            "deviations; skip: declared not to apply; -: not run", width)
     lines += [f"{h} = {t}" for t, h in headers.items() if h != t]
@@ -139,6 +146,21 @@ def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) ->
         lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ", break_on_hyphens=False,
                                subsequent_indent=" " * (len(str(number)) + 3))
     return lines
+
+
+def _skipped_everywhere(table, targets, headers, cells) -> dict[str, list[str]]:
+    """The properties skipped on every target that ran them, grouped by what their cells show
+    (``skip [3]``, or ``skip [3] | skip [4]`` across targets): one line each under the table
+    instead of one row per property. None when no row would be left."""
+    groups: dict[str, list[str]] = {}
+    for pid, row in table.items():
+        if all(cell["status"] == "skipped" for cell in row.values()):
+            word = " | ".join(f"{cells[(pid, t)]}" + (f" on {headers[t]}" if len(targets) > 1 else "")
+                              for t in targets if t in row)
+            groups.setdefault(word, []).append(pid)
+    if sum(map(len, groups.values())) == len(table):
+        return {}
+    return groups
 
 
 def _column_blocks(table, targets, headers, cells, width) -> list[list[str]]:
