@@ -152,7 +152,8 @@ def test_a_call_without_tie_weights_is_drawn_as_tie_weights_false():
     assert find(target_call_inputs(full, module), lambda c: True).tie_weights is True
     assert find(target_call_inputs(full, module), lambda c: not c.tie_weights).tie_weights is False
     # a call a property builds itself (FC-PARAMETRIZED) takes the same fixed keywords
-    assert fixed_keywords(keyless) == {"tie_weights": False, "strict": False}
+    assert fixed_keywords(keyless) == {"tie_weights": False, "strict": False,
+                                       "lacking": frozenset({"tie_weights", "strict"})}
     assert fixed_keywords(full) == {}
 
 
@@ -171,6 +172,22 @@ def test_a_target_without_tie_weights_is_held_to_the_tie_weights_false_rules(tmp
         "FC-TIES": "pass", "FC-ORACLE": "pass", "FC-GRADIENTS": "pass"}, run.output[-3000:]
     assert table["FC-TIES"]["functional-only-tying"]["status"] == "fail"
     assert run.returncode == 1
+
+
+def test_a_falsifying_example_does_not_show_options_the_target_lacks():
+    from hypothesis.vendor.pretty import pretty
+
+    from swapspec.properties.harness.target_calls import target_call_inputs
+    from swapspec.strategies import build_tree
+    from swapspec.strategies.trees import TreeSpec
+
+    module = build_tree(TreeSpec())
+    keyless = find(target_call_inputs(load_target(ONLY), module), lambda c: True)
+    full = find(target_call_inputs(load_target("reference"), module), lambda c: True)
+    for shown in (repr(keyless), pretty(keyless)):
+        assert "tie_weights" not in shown and "strict" not in shown and "tensors=" in shown
+    for shown in (repr(full), pretty(full)):
+        assert "tie_weights=True" in shown and "strict=False" in shown
 
 
 def test_a_host_modules_source_rebuilds_it_when_it_can():

@@ -3,6 +3,7 @@ takes (``Target.has``), and call inputs drawn to match."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -59,13 +60,18 @@ def target_call_inputs(target: Any, module: nn.Module, **options: Any):
     """``call_inputs`` drawing only what ``target`` takes: its ``call_forms``, and each keyword it
     lacks (``Target.has``) fixed to what a call without it means (``WITHOUT_KEYWORD``), so the
     oracle judges the call by those rules."""
-    return call_inputs(module, forms=target.call_forms, **{**options, **fixed_keywords(target)})
+    fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
+    lacking = frozenset(fixed)
+    drawn = call_inputs(module, forms=target.call_forms, **{**options, **fixed})
+    return drawn.map(lambda call: dataclasses.replace(call, lacking=lacking)) if lacking else drawn
 
 
-def fixed_keywords(target: Any) -> dict[str, bool]:
-    """The keywords ``target`` lacks, each fixed to what a call without it means: for a
-    ``CallInput`` a property builds itself, so the oracle judges it by the target's rules."""
-    return {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
+def fixed_keywords(target: Any) -> dict[str, Any]:
+    """``CallInput`` fields for a call a property builds itself: each keyword ``target`` lacks
+    fixed to what a call without it means (so the oracle judges it by the target's rules), and
+    named in ``lacking`` (so it is not shown)."""
+    fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
+    return {**fixed, "lacking": frozenset(fixed)} if fixed else {}
 
 
 def call_target(target: Any, module: nn.Module, tensors: Any, args: tuple, kwargs: dict, *,
