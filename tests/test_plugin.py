@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from swapspec.properties.harness import targets
+from swapspec.properties.harness import plugin, targets
 from swapspec.properties.harness.report import STATUS_WORDS, cell_note
 from swapspec.properties.harness.repro import retargeted
 from swapspec.properties.harness.targets import builtin_target
@@ -205,6 +206,33 @@ def test_the_printed_blob_replays_the_failure_on_its_one_test(planted, tmp_path)
     bad = run_pytest(tmp_path, test, target, "--swapspec-reproduce=AXic")
     assert bad.returncode == pytest.ExitCode.USAGE_ERROR, bad.output[-2000:]
     assert "wants the line a failure printed" in bad.stderr
+
+
+def test_the_replay_command_is_swapspecs_own_command_line():
+    text = ("E  You can reproduce this test case by temporarily adding "
+            "@reproduce_failure('6.170.27', b'AXicY2BgAAAABAAB') as a decorator on your test")
+    command = plugin.replay_command(text, "/site/swapspec/properties/rules/test_apply.py::t[x]",
+                                    builtin_target("torch"), ["-p", "host.profile"])
+    assert shlex.split(command) == [
+        "pytest", "-p", "host.profile", "/site/swapspec/properties/rules/test_apply.py::t[x]",
+        "--swapspec-target=torch",
+        "--swapspec-reproduce=@reproduce_failure('6.170.27', b'AXicY2BgAAAABAAB')"]
+    assert plugin.replay_command("no blob here", "t", builtin_target("torch"), []) is None
+
+
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
+def test_the_printed_replay_command_replays_the_failure(planted, tmp_path):
+    text = planted.output
+    assert f" {plugin.REPLAY_SECTION} " in text
+    command = next(line for line in text.splitlines()
+                   if line.startswith("pytest ") and "[broken-tie-split]" in line
+                   and "test_apply_keeps_ties" in line)
+    args = shlex.split(command)[1:]
+    replay = run_pytest(tmp_path, *args)
+    assert replay.returncode == 1, replay.output[-3000:]
+    assert "broken rule [parameter-tie-split]" in replay.output
+    failures = planted.report["table"]["APPLY-TIES"]["broken-tie-split"]["failures"]
+    assert {f["replay"] for f in failures} == {command}
 
 
 SEQUENCE = "properties/rules/test_sequences.py::test_sequence_state[broken-no-restore]"

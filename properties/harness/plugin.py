@@ -53,6 +53,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from collections import Counter
@@ -483,6 +484,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if report.failed:
             entry["failures"] = _failures(pid, call, report)
             _show_repros(item, report, entry["failures"])
+            _show_replay(item, report, target, entry["failures"])
         if report.when == "call" and hasattr(item, "swapspec_cases"):
             entry["cases"] = item.swapspec_cases
         if report.when == "call" and getattr(item, "swapspec_pairs", None):
@@ -527,6 +529,48 @@ def _show_repros(item: pytest.Item, report: pytest.TestReport, failures: list[di
             path = Path(directory) / (_file_name(report.nodeid) + (f"-{i}" if i else "") + ".py")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(script)
+
+
+REPLAY_SECTION = "swapspec replay"
+
+
+def replay_command(text: str, test: str, target: Target, plugin_args: list[str]) -> str | None:
+    """The command line that replays the failure whose report ``text`` holds Hypothesis'
+    ``@reproduce_failure`` line: ``pytest TEST --swapspec-target=... --swapspec-reproduce=...``
+    (with the run's own ``-p`` plugins), run from the folder the failing run was started in.
+    None when the text holds no such line."""
+    found = REPRODUCE.search(text)
+    if found is None:
+        return None
+    return shlex.join(["pytest", *plugin_args, test, f"--swapspec-target={target.selector}",
+                       f"--swapspec-reproduce=@{found[0].lstrip('@')}"])
+
+
+def _plugin_args(config: pytest.Config) -> list[str]:
+    """The ``-p NAME`` pairs the run was started with (a vendored plugin, a host profile)."""
+    args, out = list(config.invocation_params.args), []
+    for i, arg in enumerate(args):
+        if arg == "-p" and i + 1 < len(args):
+            out += ["-p", args[i + 1]]
+        elif arg.startswith("-p") and len(arg) > 2:
+            out += ["-p", arg[2:]]
+    return out
+
+
+def _show_replay(item: pytest.Item, report: pytest.TestReport, target: Target,
+                 failures: list[dict]) -> None:
+    """Add the replay command as a section of the report (and to each failure's entry), in
+    place of Hypothesis' advice to decorate a test function inside swapspec."""
+    if report.when != "call":
+        return
+    command = replay_command(str(report.longrepr), f"{item.path}::{item.name}", target,
+                             _plugin_args(item.config))
+    if command is None:
+        return
+    report.sections.append((REPLAY_SECTION, f"from {item.config.invocation_params.dir}:\n"
+                            f"{command}\n"))
+    for failure in failures:
+        failure["replay"] = command
 
 
 def _file_name(nodeid: str) -> str:
