@@ -55,7 +55,7 @@ from swapspec.properties.models.oracle import (
     tie_groups,
 )
 from swapspec.properties.models.outcomes import Outcome, attempt, same_output
-from swapspec.properties.rules.clauses import check_untouched
+from swapspec.properties.rules.clauses import check_untouched, slot_order_changes, slot_orders
 from swapspec.strategies import (
     CallInput,
     ForwardError,
@@ -251,9 +251,19 @@ def test_fc_matchesloaded_copy(target, data):
     assume(not isinstance(filled, ExpectedError))
     copy, copy_kwargs = loaded_copy(module, filled, call)
     want = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
-    got = _call(target, module, call)
+    orders = {"before": slot_orders(module)}
+    handle = module.register_forward_pre_hook(
+        lambda m, a: None if "in forward" in orders else orders.update({"in forward": slot_orders(m)}))
+    try:
+        got = _call(target, module, call)
+    finally:
+        handle.remove()
+    orders["after the call"] = slot_orders(module)
+    reordered = [f"{when}, {change}" for when in ("in forward", "after the call") if when in orders
+                 for change in slot_order_changes(orders["before"], orders[when])]
     check.that(same_output(got, want), "output",
-               f"output differs from the loaded copy's (got {_show(got)}, want {_show(want)})")
+               (f"the slot order changed ({'; '.join(reordered)}), and " if reordered else "")
+               + f"output differs from the loaded copy's (got {_show(got)}, want {_show(want)})")
     _verdict(check, example, target)
 
 
