@@ -8,8 +8,9 @@ properties, or a host's own tests that opt in with the marker).
 Options (each also read from an environment variable, then from the ini file):
 
 - ``--swapspec-target`` / ``SWAPSPEC_TARGET`` / ini ``swapspec_target``: a built-in target
-  name, ``all`` (every built-in), ``package.module`` or ``package.module:attribute``
-  (comma-separated for several). Collecting swapspec's properties without one is an error,
+  name, ``all`` (every built-in), ``module``, ``package.module`` or either with ``:attribute``
+  (comma-separated for several); a module not importable otherwise is looked for in the folder
+  pytest was started in, then in the rootdir. Collecting swapspec's properties without one is an error,
   so a host's run never silently tests the built-ins instead of the host's code.
 - ``--swapspec-profile`` / ``SWAPSPEC_PROFILE``: load one of the registered Hypothesis
   profiles ``swapspec-dev``, ``swapspec-ci``, ``swapspec-thorough``, ``swapspec-mutation``
@@ -42,7 +43,12 @@ Options (each also read from an environment variable, then from the ini file):
   ``@reproduce_failure(...)`` line a failure printed, replayed on the one property test selected.
 
 A failure's repro is printed as its own section of the failure report, between two separator
-lines and without pytest's ``E`` prefixes, ready to paste.
+lines and without pytest's ``E`` prefixes, ready to paste; a ``swapspec replay`` section gives
+the command line that replays the failure (``replay_command``).
+
+With the example database off (the profile's ``database`` None, no ``--swapspec-database``) and
+no ``HYPOTHESIS_STORAGE_DIRECTORY``, Hypothesis' other files go to a temporary folder removed
+after the run: nothing is written to the host's working directory.
 """
 
 from __future__ import annotations
