@@ -118,8 +118,10 @@ def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]
     i = starts[0] + 1
     version, i = lines[i], i + 1
     cells: dict[str, dict[str, str]] = {}
+    heads: list[str] = []
     while lines[i].startswith("property "):
         header = [c.strip() for c in lines[i].split(" | ")]
+        heads += header[1:]
         assert set(lines[i + 1]) <= {"-", "+"}
         i += 2
         while lines[i].strip():
@@ -133,6 +135,7 @@ def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]
         report.append(lines[i])
         i += 1
     assert all(len(line) <= 100 for line in lines[starts[0] + 1:i]), "the report is wider than 100"
+    _add_collapsed_skips(report, cells, heads)
     legend = dict(re.findall(r"^(T\d+) = (.+)$", "\n".join(report), re.M))
     notes = {n: " ".join(t.split()) for n, t in re.findall(
         r"^\[(\d+)\] (.*?)(?=^\[\d+\] |\Z)", "\n".join(report), re.M | re.S)}
@@ -143,6 +146,23 @@ def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]
             word, _, number = cell.partition(" [")
             table[pid][legend.get(head, head)] = (word, notes[number.rstrip("]")] if number else "")
     return version, table
+
+
+COLLAPSED = re.compile(r"^(?P<word>skip \[\d+\].*?) \(\d+\): (?P<pids>.*?)\n(?=\S|\Z)",
+                       re.M | re.S)
+
+
+def _add_collapsed_skips(report: list[str], cells: dict[str, dict[str, str]],
+                         heads: list[str]) -> None:
+    """The properties skipped on every target, one line per reason under the table
+    (``skip [3] (2): A, B``, or ``skip [3] on t | skip [4] on u (2): ...``), back as cells."""
+    for found in COLLAPSED.finditer("\n".join(report) + "\n"):
+        parts = found["word"].split(" | ")
+        for pid in " ".join(found["pids"].split()).split(", "):
+            for part in parts:
+                word, _, head = part.partition(" on ")
+                for h in [head] if head else heads:  # one target: its column's name
+                    cells.setdefault(pid, {})[h] = word
 
 
 def shown(cell: dict) -> tuple[str, str]:

@@ -149,12 +149,12 @@ def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) ->
 
 
 def _skipped_everywhere(table, targets, headers, cells) -> dict[str, list[str]]:
-    """The properties skipped on every target that ran them, grouped by what their cells show
+    """The properties skipped on every target of the table, grouped by what their cells show
     (``skip [3]``, or ``skip [3] | skip [4]`` across targets): one line each under the table
     instead of one row per property. None when no row would be left."""
     groups: dict[str, list[str]] = {}
     for pid, row in table.items():
-        if all(cell["status"] == "skipped" for cell in row.values()):
+        if len(row) == len(targets) and all(c["status"] == "skipped" for c in row.values()):
             word = " | ".join(f"{cells[(pid, t)]}" + (f" on {headers[t]}" if len(targets) > 1 else "")
                               for t in targets if t in row)
             groups.setdefault(word, []).append(pid)
