@@ -548,8 +548,9 @@ def replay_command(text: str, test: str, target: Target, plugin_args: list[str])
     found = REPRODUCE.search(text)
     if found is None:
         return None
-    return shlex.join(["pytest", *plugin_args, test, f"--swapspec-target={target.selector}",
-                       f"--swapspec-reproduce=@{found[0].lstrip('@')}"])
+    # the blob is base64 and the version digits: double quotes keep its single quotes readable
+    return (shlex.join(["pytest", *plugin_args, test, f"--swapspec-target={target.selector}"])
+            + f' --swapspec-reproduce="@{found[0].lstrip("@")}"')
 
 
 def _plugin_args(config: pytest.Config) -> list[str]:
