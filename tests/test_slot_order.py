@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
@@ -45,3 +47,17 @@ def test_the_restore_clause_says_the_slot_order_changed():
     messages = [v.message for v in check.violations]
     assert messages == ["module '<root>' changed class or attributes: slot order changed: "
                         "_parameters ('weight', 'bias') -> ('bias', 'weight')"]
+
+
+
+@pytest.mark.slow  # a pytest run in a subprocess: CI-only (see pyproject's markers)
+def test_fc_oracle_says_the_slot_order_changed(tmp_path):
+    from tests.test_plugin import run_pytest
+
+    run = run_pytest(tmp_path, "properties/rules/test_functional_call.py::test_fc_matchesloaded_copy",
+                     "--swapspec-target=tests.planted.reordering", "-p",
+                     "tests.planted.fast_profile", "-p", "no:xdist", timeout=300)
+    assert run.returncode == 1, run.output[-3000:]
+    text = " ".join(run.output.split())
+    assert re.search(r"broken rule \[output\]: the slot order changed \(in forward, module "
+                     r"'[^']+': slot order changed: _parameters \(", text), run.output[-3000:]
