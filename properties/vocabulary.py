@@ -101,6 +101,10 @@ class Deviation:
       example). False when it shows in some only, for a reason no predicate can see (a
       freed TensorImpl address reused): then it is stale when at least
       ``SOMETIMES_MIN_REGION`` of one test's examples fall in the region and none shows it.
+    - ``id``: a stable, readable name unique across all declarations
+      (``"torch.fc.shared-slot-not-restored"``: owner, area, what), by which a host selects a
+      declaration to reuse (``properties.declarations.torch_declarations``) and the report
+      names the declarations that matched.
     """
 
     property_id: str | tuple[str, ...]
@@ -109,11 +113,13 @@ class Deviation:
     reason: str
     torch_versions: tuple[str | None, str | None] = (None, None)
     always: bool = True
+    id: str = ""
 
     @property
     def key(self) -> str:
-        """A short stable name for counting: the clauses and the reason's first words."""
-        return f"{'|'.join(self.clauses)}: {self.reason[:60]}"
+        """A short stable name for counting: the ``id``; without one, the clauses and the
+        reason's first words."""
+        return self.id or f"{'|'.join(self.clauses)}: {self.reason[:60]}"
 
     @property
     def property_ids(self) -> tuple[str, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import torch
@@ -62,6 +62,23 @@ class CallInput:
     form: str = "dict"
     invalid: str | None = None
     features: frozenset[str] = field(default_factory=frozenset)
+    # Keywords the target under test does not take: fixed to what a call without them means,
+    # and left out of the repr (a falsifying example never shows an option the target lacks).
+    lacking: frozenset[str] = field(default_factory=frozenset, compare=False)
+
+    def _shown(self) -> dict[str, Any]:
+        hidden = {"lacking", *self.lacking}
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
+        shown["features"] = frozenset(t for t in self.features
+                                      if t.partition("=")[0] not in self.lacking)
+        return shown
+
+    def __repr__(self) -> str:
+        return "CallInput(" + ", ".join(f"{k}={v!r}" for k, v in self._shown().items()) + ")"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis' pretty printer: the shown fields, one per line when long."""
+        printer.repr_call("CallInput", [], self._shown())
 
     def merged(self) -> dict[str, Any]:
         """All given dicts merged into one (for ``tuple-overlap`` the later dict wins); non-dicts are skipped."""

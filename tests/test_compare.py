@@ -61,7 +61,7 @@ def test_diff_names_what_appeared_and_disappeared_and_exits_1(reports):
     assert "APPLY-TIES [planted-pair] status pass" in appeared
     assert "APPLY-TIES [planted-pair] status deviation" in disappeared
     assert "APPLY-TIES [planted-pair] declared clause parameter-tie-split (x" in disappeared
-    assert "APPLY-TIES [planted-pair] declaration shown: parameter-tie-split: planted" in disappeared
+    assert "APPLY-TIES [planted-pair] declaration shown: planted.apply.tie-split" in disappeared
     assert "FC-RESTORE [planted-pair] status pass" in disappeared
 
 

@@ -66,7 +66,7 @@ def test_holds_for_installed_torch_reads_torch_version(monkeypatch):
 def restore_observed():
     """Checker.verdict counts into process-global counters; put them back after each test."""
     counters = (checker.OBSERVED, checker.DECLARED, checker.DECLARED_SHOWN,
-                checker.UNDECLARED, checker.UNDECLARED_MESSAGES)
+                checker.UNDECLARED, checker.UNDECLARED_MESSAGES, checker.NOT_RUN)
     saved = [dict(c) for c in counters]
     for c in counters:
         c.clear()
@@ -212,6 +212,7 @@ def test_a_declared_crash_skips_the_example_and_counts_only_itself():
     assert dict(checker.OBSERVED) == {("APPLY-TIES", "planted", vocabulary.CRASH): 1}
     assert dict(checker.DECLARED) == {("APPLY-TIES", "planted", crash.key): 1}
     assert dict(checker.DECLARED_SHOWN) == {("APPLY-TIES", "planted", crash.key): 1}
+    assert dict(checker.NOT_RUN) == {("APPLY-TIES", "planted", crash.key): 1}
 
 
 def test_without_a_crash_declaration_nothing_is_skipped_or_counted():
@@ -265,9 +266,23 @@ def test_table_merges_tests_of_one_pair():
     ])
     assert table == {"P": {"t": {"status": "deviation", "deviations": {"a": 3, "b": 4},
                                  "reason": "", "tests": 4, "failures": [], "declarations": {},
-                                 "undeclared": {}, "undeclared_messages": {}}}}
+                                 "not_run": {}, "undeclared": {}, "undeclared_messages": {}}}}
     assert render_cell(table["P"]["t"], 1) == "dev [1]"
     assert cell_note(table["P"]["t"]) == "deviations seen: a x3, b x4"
+
+
+def test_a_deviation_note_names_the_declarations_that_matched_and_the_crashes():
+    results = [{**_result("P", "t", "deviation", {"a": 2, vocabulary.CRASH: 7}),
+                "declarations": {"host.p.a": [5, 2], "host.p.quiet": [3, 0],
+                                 "torch.p.crash": [7, 7]},
+                "not_run": {"torch.p.crash": 4}},
+               {**_result("P", "t", "pass"), "not_run": {"torch.p.crash": 3}}]
+    cell = conformance_table(results)["P"]["t"]
+    assert cell["not_run"] == {"torch.p.crash": 7}
+    assert cell_note(cell) == ("deviations seen: a x2, crash x7; matched: host.p.a x2; "
+                               "not run (declared crash): torch.p.crash x7")
+    lines = render_table({"P": {"t": cell}}, width=40)
+    assert "torch.p.crash x7" in " ".join(lines)  # an ID is never broken at its hyphens
 
 
 @pytest.mark.parametrize(("statuses", "worst"), [
@@ -309,6 +324,25 @@ def test_table_keeps_skip_reason_and_sorts():
     assert [c.strip() for c in lines[2].split(" | ")] == ["A-PROP", "FAIL", "skip [1]"]
     assert [c.strip() for c in lines[3].split(" | ")] == ["Z-PROP", "-", "pass"]
     assert "[1] skipped: does not apply" in lines
+
+
+def test_rows_skipped_on_every_target_are_collapsed_by_reason():
+    why = {"A-ONE": "t does not implement apply", "A-TWO": "t does not implement apply",
+           "F-STRICT": "t does not implement strict"}
+    table = conformance_table([_result(pid, "t", "skipped", reason=r) for pid, r in why.items()]
+                              + [_result("F-ORACLE", "t", "pass")])
+    lines = render_table(table)
+    rows = [line.split(" | ")[0].strip() for line in lines if " | " in line]
+    assert rows == ["property", "F-ORACLE"]
+    notes = dict(re.findall(r"^\[(\d+)\] (.*)$", "\n".join(lines), re.M))
+    by_reason = {notes[n]: line.split(": ", 1)[1]
+                 for line in lines for n in re.findall(r"^skip \[(\d+)\] \(\d+\):", line)}
+    assert by_reason == {"skipped: t does not implement apply": "A-ONE, A-TWO",
+                         "skipped: t does not implement strict": "F-STRICT"}
+    # a row skipped on one target only stays a row
+    two = conformance_table([_result("A-ONE", "t", "skipped", reason="r"),
+                             _result("A-ONE", "u", "pass"), _result("B", "t", "pass")])
+    assert "A-ONE" in [line.split(" | ")[0].strip() for line in render_table(two)]
 
 
 def _worst_cells(target) -> dict[str, dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from swapspec.properties.harness import plugin, targets
 from swapspec.properties.harness.report import STATUS_WORDS, cell_note
 from swapspec.properties.harness.repro import retargeted
 from swapspec.properties.harness.targets import builtin_target
@@ -116,8 +118,10 @@ def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]
     i = starts[0] + 1
     version, i = lines[i], i + 1
     cells: dict[str, dict[str, str]] = {}
+    heads: list[str] = []
     while lines[i].startswith("property "):
         header = [c.strip() for c in lines[i].split(" | ")]
+        heads += header[1:]
         assert set(lines[i + 1]) <= {"-", "+"}
         i += 2
         while lines[i].strip():
@@ -131,6 +135,7 @@ def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]
         report.append(lines[i])
         i += 1
     assert all(len(line) <= 100 for line in lines[starts[0] + 1:i]), "the report is wider than 100"
+    _add_collapsed_skips(report, cells, heads)
     legend = dict(re.findall(r"^(T\d+) = (.+)$", "\n".join(report), re.M))
     notes = {n: " ".join(t.split()) for n, t in re.findall(
         r"^\[(\d+)\] (.*?)(?=^\[\d+\] |\Z)", "\n".join(report), re.M | re.S)}
@@ -141,6 +146,23 @@ def parse_table(output: str) -> tuple[str, dict[str, dict[str, tuple[str, str]]]
             word, _, number = cell.partition(" [")
             table[pid][legend.get(head, head)] = (word, notes[number.rstrip("]")] if number else "")
     return version, table
+
+
+COLLAPSED = re.compile(r"^(?P<word>skip \[\d+\].*?) \(\d+\): (?P<pids>.*?)\n(?=\S|\Z)",
+                       re.M | re.S)
+
+
+def _add_collapsed_skips(report: list[str], cells: dict[str, dict[str, str]],
+                         heads: list[str]) -> None:
+    """The properties skipped on every target, one line per reason under the table
+    (``skip [3] (2): A, B``, or ``skip [3] on t | skip [4] on u (2): ...``), back as cells."""
+    for found in COLLAPSED.finditer("\n".join(report) + "\n"):
+        parts = found["word"].split(" | ")
+        for pid in " ".join(found["pids"].split()).split(", "):
+            for part in parts:
+                word, _, head = part.partition(" on ")
+                for h in [head] if head else heads:  # one target: its column's name
+                    cells.setdefault(pid, {})[h] = word
 
 
 def shown(cell: dict) -> tuple[str, str]:
@@ -206,6 +228,33 @@ def test_the_printed_blob_replays_the_failure_on_its_one_test(planted, tmp_path)
     assert "wants the line a failure printed" in bad.stderr
 
 
+def test_the_replay_command_is_swapspecs_own_command_line():
+    text = ("E  You can reproduce this test case by temporarily adding "
+            "@reproduce_failure('6.170.27', b'AXicY2BgAAAABAAB') as a decorator on your test")
+    command = plugin.replay_command(text, "/site/swapspec/properties/rules/test_apply.py::t[x]",
+                                    builtin_target("torch"), ["-p", "host.profile"])
+    assert shlex.split(command) == [
+        "pytest", "-p", "host.profile", "/site/swapspec/properties/rules/test_apply.py::t[x]",
+        "--swapspec-target=torch",
+        "--swapspec-reproduce=@reproduce_failure('6.170.27', b'AXicY2BgAAAABAAB')"]
+    assert plugin.replay_command("no blob here", "t", builtin_target("torch"), []) is None
+
+
+@pytest.mark.slow  # a pytest run in a subprocess per case: CI-only (see pyproject's markers)
+def test_the_printed_replay_command_replays_the_failure(planted, tmp_path):
+    text = planted.output
+    assert f" {plugin.REPLAY_SECTION} " in text
+    command = next(line for line in text.splitlines()
+                   if line.startswith("pytest ") and "[broken-tie-split]" in line
+                   and "test_apply_keeps_ties" in line)
+    args = shlex.split(command)[1:]
+    replay = run_pytest(tmp_path, *args)
+    assert replay.returncode == 1, replay.output[-3000:]
+    assert "broken rule [parameter-tie-split]" in replay.output
+    failures = planted.report["table"]["APPLY-TIES"]["broken-tie-split"]["failures"]
+    assert {f["replay"] for f in failures} == {command}
+
+
 SEQUENCE = "properties/rules/test_sequences.py::test_sequence_state[broken-no-restore]"
 BROKEN_RULE = re.compile(r"SEQ-STATE on target 'broken-no-restore', at step .*?\n\s*E\s*\n", re.S)
 
@@ -261,7 +310,8 @@ def test_observed_declared_deviation_passes_and_is_counted(planted):
     assert planted.outcomes["test_apply_keeps_ties[reference]"][0] == "passed"
     _, table = parse_table(planted.stdout)
     word, note = table["APPLY-TIES"]["declared-tie-split"]
-    assert word == "dev" and re.fullmatch(r"deviations seen: parameter-tie-split x[1-9]\d*", note), note
+    assert word == "dev" and re.fullmatch(r"deviations seen: parameter-tie-split x([1-9]\d*); "
+                                          r"matched: planted.apply.tie-split x\1", note), note
     json_cell = planted.report["table"]["APPLY-TIES"]["declared-tie-split"]
     assert json_cell["status"] == "deviation"
     assert json_cell["deviations"]["parameter-tie-split"] >= 1
@@ -325,10 +375,11 @@ def test_json_report_matches_terminal_table_under_xdist(planted_xdist, planted):
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("nosuch", "ERROR: swapspec: unknown built-in target 'nosuch'; choose one of reference, "
-               "torch, torch-stateless or give package.module:attribute"),
+    ("nosuch", "ERROR: swapspec: cannot load target 'nosuch': not a built-in name (reference, "
+               "torch, torch-stateless) and ModuleNotFoundError: No module named 'nosuch'"
+               + targets._IMPORT_HINT),
     ("nosuch.module:x", "ERROR: swapspec: cannot load target 'nosuch.module:x': "
-                        "ModuleNotFoundError: No module named 'nosuch'"),
+                        "ModuleNotFoundError: No module named 'nosuch'" + targets._IMPORT_HINT),
 ])
 def test_bad_target_is_one_line_usage_error(tmp_path, spec, message):
     run = run_pytest(tmp_path, TIES, f"--swapspec-target={spec}")

@@ -139,6 +139,57 @@ def test_functional_call_only_target_runs_without_keywords_and_skips_once(tmp_pa
     assert cells["APPLY-VALUES"]["reason"] == "functional-only does not implement apply"
 
 
+def test_a_call_without_tie_weights_is_drawn_as_tie_weights_false():
+    from swapspec.properties.harness.target_calls import fixed_keywords, target_call_inputs
+    from swapspec.strategies import build_tree
+    from swapspec.strategies.trees import TreeSpec
+
+    module = build_tree(TreeSpec())
+    keyless, full = load_target(ONLY), load_target("reference")
+    assert find(target_call_inputs(keyless, module), lambda c: True).tie_weights is False
+    with pytest.raises(NoSuchExample):
+        find(target_call_inputs(keyless, module), lambda c: c.tie_weights)
+    assert find(target_call_inputs(full, module), lambda c: True).tie_weights is True
+    assert find(target_call_inputs(full, module), lambda c: not c.tie_weights).tie_weights is False
+    # a call a property builds itself (FC-PARAMETRIZED) takes the same fixed keywords
+    assert fixed_keywords(keyless) == {"tie_weights": False, "strict": False,
+                                       "lacking": frozenset({"tie_weights", "strict"})}
+    assert fixed_keywords(full) == {}
+
+
+@pytest.mark.slow  # a pytest run in a subprocess: CI-only (see pyproject's markers)
+def test_a_target_without_tie_weights_is_held_to_the_tie_weights_false_rules(tmp_path):
+    """The target that writes each name on its own passes the tie rules, the oracle and the
+    gradient rule with no declaration; the same target filling ties fails FC-TIES."""
+    report = tmp_path / "r.json"
+    rules = "properties/rules/test_functional_call.py"
+    run = run_pytest(tmp_path, f"{rules}::test_fc_tie_rules", f"{rules}::test_fc_matchesloaded_copy",
+                     f"{rules}::test_fc_gradients_flow_to_given_tensors_only",
+                     f"--swapspec-target={ONLY},{ONLY}:tying", "-p", "tests.planted.fast_profile",
+                     f"--swapspec-report={report}", "-p", "no:xdist", timeout=300)
+    table = json.loads(report.read_text())["table"]
+    assert {pid: row["functional-only"]["status"] for pid, row in table.items()} == {
+        "FC-TIES": "pass", "FC-ORACLE": "pass", "FC-GRADIENTS": "pass"}, run.output[-3000:]
+    assert table["FC-TIES"]["functional-only-tying"]["status"] == "fail"
+    assert run.returncode == 1
+
+
+def test_a_falsifying_example_does_not_show_options_the_target_lacks():
+    from hypothesis.vendor.pretty import pretty
+
+    from swapspec.properties.harness.target_calls import target_call_inputs
+    from swapspec.strategies import build_tree
+    from swapspec.strategies.trees import TreeSpec
+
+    module = build_tree(TreeSpec())
+    keyless = find(target_call_inputs(load_target(ONLY), module), lambda c: True)
+    full = find(target_call_inputs(load_target("reference"), module), lambda c: True)
+    for shown in (repr(keyless), pretty(keyless)):
+        assert "tie_weights" not in shown and "strict" not in shown and "tensors=" in shown
+    for shown in (repr(full), pretty(full)):
+        assert "tie_weights=True" in shown and "strict=False" in shown
+
+
 def test_a_host_modules_source_rebuilds_it_when_it_can():
     from functools import partial
 

@@ -90,7 +90,8 @@ STATELESS_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.nn.utils.stateless.functional_call does not check its input's form: a "
         "non-mapping fails later with AttributeError. Repro: "
         "torch.nn.utils.stateless.functional_call(nn.Linear(2, 2), 7, (torch.ones(1, 2),)) "
-        "# AttributeError: 'int' object has no attribute 'keys'"),
+        "# AttributeError: 'int' object has no attribute 'keys'",
+        id="torch-stateless.fc.input-form-unchecked"),
 )
 
 
@@ -132,7 +133,7 @@ TORCH_METHOD_DEVIATIONS: tuple[Deviation, ...] = (
         "p.requires_grad, which an UninitializedParameter takes). Checked on torch 2.13.0 only. "
         "Repro: m = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2)); "
         "m.requires_grad_(False)  # ValueError: Attempted to use an uninitialized parameter; "
-        "m[0].weight.requires_grad  # False"),
+        "m[0].weight.requires_grad  # False", id="torch.methods.requires-grad-on-uninitialized"),
     Deviation(
         "APPLY-METHOD-ARGS", bad_argument_unchecked, "bad-form-accepted", reason=
         "nn.Module.requires_grad_ checks its argument only in p.requires_grad_ (per parameter), "
@@ -141,7 +142,8 @@ TORCH_METHOD_DEVIATIONS: tuple[Deviation, ...] = (
         "(with one parameter: TypeError, ValueError, TypeError). Checked on torch 2.13.0 only. "
         "Repro: m = nn.Module(); m.requires_grad_('yes'); m.type('torch.NoSuchTensor'); "
         "m.type(1); m.to_empty(device=1.5)  # no error; "
-        "nn.Linear(2, 2).requires_grad_('yes')  # TypeError"),
+        "nn.Linear(2, 2).requires_grad_('yes')  # TypeError",
+        id="torch.methods.bad-argument-unchecked"),
 )
 
 
@@ -152,7 +154,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "pytest -n 2, not when the property runs alone): on the swap path torch refuses to swap "
         "a parameter's grad ('_apply(): Couldn't swap GenericLeaf.p0.grad'): swap_tensors saw "
         "another reference to the grad's TensorImpl left by an earlier step. No minimal repro "
-        "yet; torch 2.13. Repro: a sequence repro printed by SEQ-HOOKS on torch-stateless."),
+        "yet; torch 2.13. Repro: a sequence repro printed by SEQ-HOOKS on torch-stateless.",
+        id="torch.seq.swaps-a-grad"),
     Deviation(
         SEQUENCE_IDS, swap_refused_by_graph_grads,
         ("value", "grad-value", "grad-lost", "object-changed", "class", "attributes"),
@@ -167,7 +170,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "(m(torch.ones(1, 2)) ** 2).sum().backward(create_graph=True); "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.double()  # raises "
         "RuntimeError: Couldn't swap ParametrizationList.original0; "
-        "assert m[0].weight.dtype == torch.float32  # fails: float64"),
+        "assert m[0].weight.dtype == torch.float32  # fails: float64",
+        id="torch.seq.swap-refused-by-graph-grads"),
     Deviation(
         APPLY_IDS + XLA_APPLY_IDS, old_weight_norm_swapped, "raised", always=False, reason=
         "The old hook-based torch.nn.utils.weight_norm (and spectral_norm) keep `weight` as an "
@@ -177,7 +181,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "through). Repro: "
         "m = nn.Linear(2, 2); "
         "torch.nn.utils.weight_norm(m); torch.__future__.set_swap_module_params_on_conversion(True); "
-        "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+        "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g",
+        id="torch.apply.old-weight-norm-swapped"),
     Deviation(
         "APPLY-ATOMIC", old_weight_norm_swapped, "no-error", always=False, reason=
         "Where fn would raise on a later tensor, torch's _apply may first raise its own "
@@ -187,7 +192,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m(torch.ones(1, 2)); n = [0]; "
         "def fn(t):\n n[0] += 1\n if n[0] == 3: raise ValueError\n return t + 1; "
         "torch.__future__.set_swap_module_params_on_conversion(True); "
-        "m._apply(fn)  # RuntimeError: _apply(): Couldn't swap Linear.weight_g"),
+        "m._apply(fn)  # RuntimeError: _apply(): Couldn't swap Linear.weight_g",
+        id="torch.apply.old-weight-norm-no-error"),
     Deviation(
         APPLY_IDS + XLA_APPLY_IDS, shared_grad_swapped, "raised",
         "The overwrite path gives each slot of a tied parameter its own new Parameter but "
@@ -197,7 +203,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m.p1 = m.p0; torch.__future__.set_overwrite_module_params_on_conversion(True); "
         "m.float(); assert m.p0 is not m.p1 and m.p0.grad is m.p1.grad; "
         "torch.__future__.set_swap_module_params_on_conversion(True); "
-        "m.double()  # RuntimeError: _apply(): Couldn't swap Module.p0.grad"),
+        "m.double()  # RuntimeError: _apply(): Couldn't swap Module.p0.grad",
+        id="torch.apply.shared-grad-swapped"),
     Deviation(
         APPLY_IDS, rnn_weight_swapped_elsewhere, "raised",
         "RNNBase._apply drops the RNN's weak references to its flat weights only around its own "
@@ -205,7 +212,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "reference exists, and swap_tensors refuses it (torch 2.13). Repro: "
         "rnn = nn.RNN(2, 2); o = nn.Module(); o.p0 = rnn.weight_ih_l0; "
         "torch.__future__.set_swap_module_params_on_conversion(True); "
-        "nn.Sequential(o, rnn).double()  # RuntimeError: _apply(): Couldn't swap Module.p0"),
+        "nn.Sequential(o, rnn).double()  # RuntimeError: _apply(): Couldn't swap Module.p0",
+        id="torch.apply.rnn-weight-swapped-elsewhere"),
     Deviation(
         APPLY_IDS + XLA_APPLY_IDS, graph_grad_not_leaf, "raised",
         "After backward(create_graph=True) the grads carry a graph; where _apply replaces a grad "
@@ -213,7 +221,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "`param_grad.is_leaf` and raises halfway. Repro: m = nn.Linear(2, 2); "
         "m(torch.ones(1, 2)).pow(2).sum().backward(create_graph=True); "
         "torch.__future__.set_overwrite_module_params_on_conversion(True); "
-        "m.double()  # AssertionError: param_grad must be a leaf tensor"),
+        "m.double()  # AssertionError: param_grad must be a leaf tensor",
+        id="torch.apply.graph-grad-not-leaf"),
     Deviation(
         "APPLY-TENSOR-HOOKS", loses_tensor_hooks, "before-hook-lost",
         "Hooks registered on a parameter (register_hook, register_post_accumulate_grad_hook) "
@@ -226,14 +235,16 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "path whatever the flags (meta and CPU TensorImpls are not shallow-copy compatible), so "
         "hooks registered before to_empty are lost too. Repro: "
         "m = nn.Linear(2, 2, device='meta'); n = []; m.weight.register_hook(lambda g: n.append(1)); "
-        "m.to_empty(device='cpu'); m(torch.ones(1, 2)).sum().backward(); assert n  # fails"),
+        "m.to_empty(device='cpu'); m(torch.ones(1, 2)).sum().backward(); assert n  # fails",
+        id="torch.apply.loses-tensor-hooks"),
     Deviation("APPLY-TENSOR-HOOKS", loses_tensor_hooks_unless_norm_raises, "before-hook-lost",
               always=False, reason="Where an old-style weight or spectral norm may make _apply "
-              "raise first (see its declaration): otherwise, as the declaration below. " + HOOKS_LOST),
+              "raise first (see its declaration): otherwise, as the declaration below. " + HOOKS_LOST,
+              id="torch.apply.loses-tensor-hooks-unless-norm-raises"),
     Deviation("APPLY-TENSOR-HOOKS", swap_ignores_new_hooks_unless_norm_raises, "after-hook-lost",
               always=False, reason="Where an old-style weight or spectral norm may make _apply "
               "raise first (see its declaration): otherwise, as the declaration below. "
-              + HOOKS_AFTER_SWAP),
+              + HOOKS_AFTER_SWAP, id="torch.apply.swap-ignores-new-hooks-unless-norm-raises"),
     Deviation(
         "APPLY-TENSOR-HOOKS", swap_ignores_new_hooks, "after-hook-lost",
         "After a swap, a hook registered on the parameter never fires: the swapped-in Python "
@@ -241,11 +252,12 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "registers it on the new TensorImpl (torch 2.13). Repro: m = nn.Linear(2, 2); "
         "m.weight.register_hook(lambda g: g); torch.__future__.set_swap_module_params_on_conversion(True); "
         "m.double(); n = []; m.weight.register_hook(lambda g: n.append(1)); "
-        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails"),
+        "m(torch.ones(1, 2, dtype=torch.double)).sum().backward(); assert n  # fails",
+        id="torch.apply.swap-ignores-new-hooks"),
     Deviation("FC-PARAMETRIZED", parametrized_name_without_right_inverse, "raised",
-              PARAMETRIZED_NAME),
+              PARAMETRIZED_NAME, id="torch.fc.parametrized-name-without-right-inverse"),
     Deviation("FC-PARAMETRIZED", parametrized_name_with_right_inverse, "not-disabled",
-              PARAMETRIZED_NAME),
+              PARAMETRIZED_NAME, id="torch.fc.parametrized-name-not-disabled"),
     Deviation(
         "FC-PARAMETRIZED", parametrized_name_swap_refused, "raised",
         "Given a value under a weight-normed or spectral-normed attribute's own name, "
@@ -258,7 +270,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True); "
         "torch.func.functional_call(m, {'weight': torch.ones(2, 2)}, (torch.ones(1, 2),))  "
         "# RuntimeError: Expected use_count of t1 to be 1 or 2 with an AccumulateGrad node but "
-        "got 3"),
+        "got 3", id="torch.fc.parametrized-name-swap-refused"),
     Deviation(
         "FC-PARAMETRIZED", restore_sets_wrapper_into_plain, CRASH,
         "Given a plain value under a parametrized attribute's own name while its originals are "
@@ -272,7 +284,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "w = m.weight.detach(); m.weight = nn.Parameter(TwoTensor(w, w.clone())); "
         "torch.nn.utils.parametrizations.orthogonal(m); "
         "torch.func.functional_call(m, {'weight': torch.rand(3, 3)}, (torch.rand(1, 3),)); "
-        "m.weight  # RuntimeError: ... its data is not allocated yet (or a segfault)"),
+        "m.weight  # RuntimeError: ... its data is not allocated yet (or a segfault)",
+        id="torch.fc.restore-sets-wrapper-into-plain"),
     Deviation(
         "FC-PARAMETRIZED", reparametrizing_name_given, "not-restored",
         "Restoring a parametrized weight after a call that named it assigns the old weight "
@@ -281,8 +294,10 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "orthogonal it rebinds the parametrization's `base` buffer. Repro: m = nn.Linear(3, 3); "
         "torch.nn.utils.parametrizations.spectral_norm(m); o = m.parametrizations.weight.original; "
         "before = o.detach().clone(); torch.func.functional_call(m, {'weight': torch.rand(3, 3)}, "
-        "(torch.ones(1, 3),)); assert torch.equal(o, before)  # fails"),
-    Deviation("FC-PARAMETRIZED", swaps_one_slot_twice, "not-restored", SHARED_SLOT),
+        "(torch.ones(1, 3),)); assert torch.equal(o, before)  # fails",
+        id="torch.fc.reparametrizing-name-given"),
+    Deviation("FC-PARAMETRIZED", swaps_one_slot_twice, "not-restored", SHARED_SLOT,
+        id="torch.fc.parametrized-shared-slot-not-restored"),
     Deviation(
         "FC-PARAMETRIZED", weight_norm_restore_rounds, "not-restored", reason=
         "Restoring a weight-normed weight after a call that named it assigns the old weight "
@@ -291,7 +306,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.nn.utils.parametrizations.weight_norm(m); o = m.parametrizations.weight.original0; "
         "before = o.detach().clone(); torch.func.functional_call(m, {'weight': torch.rand(2, 2, 3, 3, "
         "dtype=torch.double)}, (torch.ones(1, 2, 5, 5, dtype=torch.double),)); "
-        "torch.equal(o, before)  # False where norm(w) rounds"),
+        "torch.equal(o, before)  # False where norm(w) rounds",
+        id="torch.fc.weight-norm-restore-rounds"),
     Deviation(
         APPLY_IDS, swap_refuses_subclass, "raised",
         "The swap and overwrite paths build `Parameter(fn(p))`; when fn returns a Parameter "
@@ -299,21 +315,22 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "(`Creating a Parameter from an instance of type P requires that detach() returns an "
         "instance of the same type`) and _apply raises halfway. Repro: "
         "class P(nn.Parameter): pass; m = nn.Linear(2, 2); m.weight = P(m.weight.detach()); "
-        "torch.__future__.set_overwrite_module_params_on_conversion(True); m.float()"),
+        "torch.__future__.set_overwrite_module_params_on_conversion(True); m.float()",
+        id="torch.apply.swap-refuses-subclass"),
     Deviation(
         "APPLY-PARAMETER-IDENTITY", drops_parameter_class, ("class", "attributes", "INV-KINDS"),
         "The swap and overwrite paths rebuild a plain `Parameter(fn(p), requires_grad)`: "
         "Parameter subclasses (and lazy modules' UninitializedParameter) and instance "
         "attributes are lost. Repro: p = nn.Parameter(torch.ones(2)); p.tag = 'x'; "
         "m = nn.Module(); m.p = p; torch.__future__.set_overwrite_module_params_on_conversion(True); "
-        "m.double(); assert hasattr(m.p, 'tag')  # fails"),
+        "m.double(); assert hasattr(m.p, 'tag')  # fails", id="torch.apply.drops-parameter-class"),
     Deviation(
         "APPLY-TIES", overwrite_splits_tied_parameters, "parameter-tie-split",
         "_apply keeps no memo: on the overwrite path each slot of a tied parameter gets its "
         "own new Parameter (pytorch/xla weight-tying docs). Repro: m = nn.Module(); "
         "m.a = nn.Parameter(torch.ones(2)); m.b = m.a; "
         "torch.__future__.set_overwrite_module_params_on_conversion(True); m.double(); "
-        "assert m.a is m.b  # fails"),
+        "assert m.a is m.b  # fails", id="torch.apply.overwrite-splits-tied-parameters"),
     Deviation(
         APPLY_IDS, commits_before_its_raise, "INV-RAISE-UNCHANGED", always=False, reason=
         "Where _apply raises on a tensor (a Parameter subclass fn returns unchanged on the swap "
@@ -321,7 +338,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "before it. Repro: m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)); "
         "class Tagged(nn.Parameter): pass; m[1].weight = Tagged(m[1].weight.detach().double()); "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.double() raises "
-        "RuntimeError, and m[0].weight.dtype is float64"),
+        "RuntimeError, and m[0].weight.dtype is float64",
+        id="torch.apply.commits-before-its-raise"),
     Deviation(
         APPLY_IDS, split_tie_shares_grad, "INV-WORKING", always=False, reason=
         "On the overwrite path a tied parameter with a grad becomes two Parameters that share "
@@ -331,13 +349,14 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m.b = m.a; m.a.grad = torch.ones(2); "
         "torch.__future__.set_overwrite_module_params_on_conversion(True); m.float(); "
         "(m.a * 2 + m.b * 3).sum().backward(); "
-        "assert m.a.grad.tolist() == [3., 3.]  # fails: [6., 6.], and m.a.grad is m.b.grad"),
+        "assert m.a.grad.tolist() == [3., 3.]  # fails: [6., 6.], and m.a.grad is m.b.grad",
+        id="torch.apply.split-tie-shares-grad"),
     Deviation(
         "APPLY-TIES", rebinding_splits_tied_buffers, "buffer-tie-split",
         "Buffers are rebound per slot, `self._buffers[k] = fn(buf)`, so a buffer registered "
         "under two names ends as two tensors. Repro: m = nn.Module(); "
         "m.register_buffer('a', torch.ones(2)); m.register_buffer('b', m.a); m.double(); "
-        "assert m.a is m.b  # fails"),
+        "assert m.a is m.b  # fails", id="torch.apply.rebinding-splits-tied-buffers"),
     Deviation(
         "APPLY-FORWARD", split_tied_buffer_shares_storage, "stale-forward", always=False, reason=
         "A buffer registered under two names is converted once per slot (see buffer-tie-split); "
@@ -349,24 +368,26 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m = nn.BatchNorm1d(2); m.running_var = m.running_mean; "
         "m._apply(lambda t: TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() "
         "else t); m(torch.tensor([[0., 2.], [2., 0.]])); "
-        "assert torch.equal(m.running_var.a, m.running_var.b)  # fails: 0.29 vs 0.2"),
+        "assert torch.equal(m.running_var.a, m.running_var.b)  # fails: 0.29 vs 0.2",
+        id="torch.apply.split-tied-buffer-shares-storage"),
     Deviation(
         "APPLY-FN-ONCE", converts_some_tensor_twice, ("fn-repeated", "fn-on-result"),
         "_apply keeps no memo and recurses through children(), which drops repeats within "
         "one parent only: a tied tensor, or a module shared by two parents, is converted "
         "once per encounter. Repro: m = nn.Module(); m.a = nn.Parameter(torch.ones(2)); "
         "m.b = m.a; calls = []; m._apply(lambda t: calls.append(t) or t); "
-        "assert len(calls) == 1  # 2"),
+        "assert len(calls) == 1  # 2", id="torch.apply.converts-some-tensor-twice"),
     Deviation(
         "APPLY-VALUES", non_idempotent_twice, "value",
         "Converted twice (see APPLY-FN-ONCE), a non-idempotent fn is applied to its own "
         "result: `t + 1` ends as `t + 2`. Repro: m = nn.Module(); "
         "m.a = nn.Parameter(torch.zeros(1)); m.b = m.a; m._apply(lambda t: t + 1); "
-        "assert m.a.item() == 1  # 2.0"),
+        "assert m.a.item() == 1  # 2.0", id="torch.apply.non-idempotent-twice"),
     Deviation(
         "APPLY-GRADS", non_idempotent_twice_on_grads, "grad-value",
         "A tied parameter's grad is converted once per slot too: `g + 1` ends as `g + 2`. "
-        "Repro: as APPLY-VALUES with m.a.grad = torch.zeros(1); m.a.grad.item() == 2.0"),
+        "Repro: as APPLY-VALUES with m.a.grad = torch.zeros(1); m.a.grad.item() == 2.0",
+        id="torch.apply.non-idempotent-twice-on-grads"),
     Deviation(
         ("APPLY-PATH", "XLA-DTYPE-PATH"), swaps_twice_back, "path-swap", always=False, reason=
         "A parameter met twice on the swap path is swapped twice; the second new TensorImpl "
@@ -375,14 +396,16 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "leaf = nn.Linear(2, 2); m = nn.ModuleList([nn.ModuleList([leaf]), "
         "nn.ModuleList([leaf])]); c = leaf.weight._cdata; "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.float(); "
-        "assert leaf.weight._cdata != c  # fails when the address is reused"),
+        "assert leaf.weight._cdata != c  # fails when the address is reused",
+        id="torch.apply.swaps-twice-back"),
     Deviation(
         "APPLY-ATOMIC", commits_before_raising,
         ("value-changed", "slot-changed", "grad-changed", "INV-RAISE-UNCHANGED"),
         "_apply commits each tensor as soon as fn returns, so an error on the k-th tensor "
         "leaves the first k-1 converted. Repro: m = nn.Linear(2, 2); n = [0]; "
         "def fn(t):\n n[0] += 1\n if n[0] == 2: raise ValueError\n return t.double(); "
-        "m._apply(fn) raises, and m.weight.dtype is float64"),
+        "m._apply(fn) raises, and m.weight.dtype is float64",
+        id="torch.apply.commits-before-raising"),
     Deviation(
         "APPLY-REFUSED-SWAP", converts_before_refused_swap,
         ("value-changed", "slot-changed", "grad-changed", "cdata-changed"),
@@ -390,32 +413,37 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "leaves those before it converted; a refused grad also leaves its parameter swapped and "
         "its grad None. Repro: m = nn.Linear(2, 2); m.weight.grad = torch.ones(2, 2); "
         "held = weakref.ref(m.weight.grad); torch.__future__.set_swap_module_params_on_conversion(True); "
-        "m.double() raises RuntimeError, then m.weight.dtype is float64 and m.weight.grad is None"),
+        "m.double() raises RuntimeError, then m.weight.dtype is float64 and m.weight.grad is None",
+        id="torch.apply.converts-before-refused-swap"),
     Deviation(
         ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice,
         ("not-restored", "INV-KINDS"),
-        SHARED_SLOT),
+        SHARED_SLOT, id="torch.fc.shared-slot-not-restored"),
     Deviation("TOGETHER-APPLY-IN-FORWARD", swaps_one_slot_twice, "original-changed",
-              SHARED_SLOT),
+              SHARED_SLOT, id="torch.together.shared-slot-original-changed"),
     Deviation("FC-TIES", slot_conflict_ignored, ("slot-conflict", "touched-on-error"),
               "With tie_weights=False torch does not notice two names of one shared slot "
               "given different objects; the last one wins and the slot is not restored. "
-              + SHARED_SLOT),
+              + SHARED_SLOT, id="torch.fc.slot-conflict-ignored"),
     Deviation(("FC-VISIBLE", "FC-TIES"), partial_tie_group_key_error, ("raised", "tie-conflict"),
-              PARTIAL_TIES),
+              PARTIAL_TIES, id="torch.fc.partial-tie-group-key-error"),
     Deviation("FC-TIES", partial_ties_beside_conflict, "tie-conflict", always=False,
-              reason="Sometimes, by set order: " + PARTIAL_TIES),
+              reason="Sometimes, by set order: " + PARTIAL_TIES,
+              id="torch.fc.partial-ties-beside-conflict"),
     Deviation("FC-STRICT", partial_tie_group_key_error, ("strict-error", "raised"),
-              PARTIAL_TIES),
-    Deviation("FC-BAD-INPUT", partial_tie_group_key_error, "wrong-error", PARTIAL_TIES),
+              PARTIAL_TIES, id="torch.fc.partial-tie-group-strict"),
+    Deviation("FC-BAD-INPUT", partial_tie_group_key_error, "wrong-error", PARTIAL_TIES,
+        id="torch.fc.partial-tie-group-wrong-error"),
     Deviation("FC-BAD-INPUT", swaps_one_slot_twice, "touched-on-error",
               "When a later name is bad, torch undoes its swaps in the order it made them, so a "
               "shared submodule's slot swapped under two names keeps the first given tensor. "
-              + SHARED_SLOT),
-    Deviation("FC-ORACLE", partial_tie_group_key_error, "output", PARTIAL_TIES),
-    Deviation("FC-WRITE-BACK", partial_tie_group_key_error, "forward-outcome", PARTIAL_TIES),
+              + SHARED_SLOT, id="torch.fc.shared-slot-touched-on-error"),
+    Deviation("FC-ORACLE", partial_tie_group_key_error, "output", PARTIAL_TIES,
+        id="torch.fc.partial-tie-group-output"),
+    Deviation("FC-WRITE-BACK", partial_tie_group_key_error, "forward-outcome", PARTIAL_TIES,
+        id="torch.fc.partial-tie-group-write-back"),
     Deviation("FC-WRITE-BACK", shared_slot_write_back_wrong, ("in-place-lost", "rebind-lost"),
-              SHARED_SLOT),
+              SHARED_SLOT, id="torch.fc.shared-slot-write-back"),
     Deviation(
         "FC-WRITE-BACK", tuple_rebind_lost, "rebind-lost",
         "torch.func.functional_call merges a tuple of dicts into a new dict, so a buffer "
@@ -423,5 +451,5 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "Repro: class B(nn.Module):\n def __init__(s): super().__init__(); "
         "s.register_buffer('b', torch.zeros(1))\n def forward(s, x): s.b = s.b + 1; return x; "
         "d = {'b': torch.zeros(1)}; torch.func.functional_call(B(), (d,), (torch.ones(1),)); "
-        "d['b'] is still the zeros tensor"),
+        "d['b'] is still the zeros tensor", id="torch.fc.tuple-rebind-lost"),
 )

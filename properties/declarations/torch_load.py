@@ -71,7 +71,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(m.state_dict())  # RuntimeError: ... Expected use_count of t1 to be 1 "
         "or 2 ... got 3",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.refused-on-a-succeeding-load"),
     Deviation(
         SUCCEEDING, lambda e: rnn_swap_refused(e) and not spec_fails(e), "raised",
         "Under the swap flag torch refuses every parameter of an RNN (RNN, LSTM, GRU): the "
@@ -85,7 +85,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(sd)  # RuntimeError: ... Cannot swap t1 because it has weakref "
         "associated with it",
-        TORCH_CHECKED),
+        TORCH_CHECKED, id="torch.load.rnn-swap-refused"),
     Deviation(
         ("LOAD-ATOMIC", *CROSS_DEVICE), scalar_takes_first_element, ("raised-none", "changed"),
         "torch before pytorch #165873's fix indexes any 1-dim value given for a 0-dim slot "
@@ -95,7 +95,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.Module(); m.register_buffer('b', torch.tensor(0.5))\n"
         "m.load_state_dict({'b': torch.zeros(2)})  # no error\n"
         "assert m.b.item() == 0.0",
-        TORCH_SCALAR_INDEXED),
+        TORCH_SCALAR_INDEXED, id="torch.load.scalar-takes-first-element"),
     Deviation(
         "LOAD-KEYS", lambda e: bool(vectors_for_scalars(e)), ("raised-none", "message"),
         "The 0-dim slot given a longer 1-dim value (see the LOAD-ATOMIC deviation of torch "
@@ -104,7 +104,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.Module(); m.register_buffer('b', torch.tensor(0.5))\n"
         "m.load_state_dict({'b': torch.zeros(2), 'extra': torch.zeros(1)})\n"
         "# RuntimeError naming only the unexpected key 'extra'",
-        TORCH_SCALAR_INDEXED),
+        TORCH_SCALAR_INDEXED, id="torch.load.vectors-for-scalars-message"),
     Deviation(
         ("LOAD-ATOMIC", *CROSS_DEVICE), writes_before_failing, ("changed", "INV-RAISE-UNCHANGED"),
         "torch loads key by key and only raises at the end, so every key it could load stays "
@@ -115,7 +115,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "try: m.load_state_dict(sd)\n"
         "except RuntimeError: pass\n"
         "assert not torch.equal(m[0].weight, w)  # half-loaded",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.writes-before-failing"),
     Deviation(
         "LOAD-TIES", refused_with_conflict, "changed",
         "A load with tied names given different values that torch refuses for a refused swap "
@@ -125,7 +125,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = m.state_dict(); sd['s'] = torch.zeros(2); sd['bias'] = sd['bias'] + 1\n"
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(sd)  # RuntimeError (weight_g), and bias, s are loaded",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.refused-with-conflict"),
     Deviation(
         ("LOAD-TIES", "LOAD-ATOMIC", "LOAD-KEYS", *CROSS_DEVICE), conflict_only,
         ("conflict-accepted", "raised-none"),
@@ -136,7 +136,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
         "m.load_state_dict(sd)  # no error\n"
         "assert torch.equal(m[0].weight, torch.ones(2, 2))",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.conflict-only"),
     Deviation(
         "LOAD-KEYS", conflict_and_other_error, "message",
         "torch's error message never names tied names given different values (it does not see "
@@ -146,7 +146,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = m.state_dict(); sd['0.weight'] = torch.zeros(2, 2); sd['1.weight'] = torch.ones(2, 2)\n"
         "sd['1.bias'] = torch.zeros(3)\n"
         "m.load_state_dict(sd)  # RuntimeError naming only the size mismatch of 1.bias",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.conflict-and-other-error"),
     Deviation(
         ("LOAD-TIES", *CROSS_DEVICE), assign_splits_ties, "tie-split",
         "With assign=True (swap flag off) torch setattr's Parameter(value) into each slot, one "
@@ -155,7 +155,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m[1].weight = m[0].weight\n"
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m[0].weight is not m[1].weight",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.assign-splits-ties"),
     Deviation(
         "LOAD-TIES", assign_keeps_tied_own_data, "tie-value",
         "With assign=True torch writes every key of a tied object in turn, a key giving the "
@@ -173,7 +173,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(sd, assign=True)\n"
         "assert torch.equal(m[0].weight, w)  # the old values, not zeros",
-        TORCH_CHECKED),
+        TORCH_CHECKED, id="torch.load.assign-keeps-tied-own-data"),
     Deviation(
         "LOAD-PATH", assign_keeps_a_slot_given_itself, "path-assign",
         "With assign=True (swap flag off) torch writes each key into its own slot, so a slot "
@@ -185,7 +185,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = m.state_dict(); sd['0.weight'] = w; sd['1.weight'] = w.detach().clone()\n"
         "m.load_state_dict(sd, assign=True)\n"
         "assert m[0].weight is w  # the spec puts Parameter(sd['1.weight']) in both slots",
-        TORCH_CHECKED),
+        TORCH_CHECKED, id="torch.load.assign-keeps-a-slot-given-itself"),
     Deviation(
         "LOAD-PATH", assign_replaces_own_data, "path-kept",
         "With assign=True torch replaces a slot given its own data (state_dict()'s detached "
@@ -194,7 +194,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.Linear(2, 2); w = m.weight\n"
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m.weight is not w",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.assign-replaces-own-data"),
     Deviation(
         ("LOAD-PATH", *CROSS_DEVICE), swapped_twice, ("path-swap", "path-kept"), always=False,
         reason=
@@ -206,7 +206,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "c = m.running_mean._cdata; m.load_state_dict(m.state_dict(), assign=True)\n"
         "print(m.running_mean._cdata == c)  # True or False, by the allocator",
-        torch_versions=TORCH_ALL),
+        torch_versions=TORCH_ALL, id="torch.load.swapped-twice"),
     Deviation(
         "LOAD-ROUND-TRIP", round_trip_assign_replaces, "changed",
         "Loading state_dict() back with assign=True (swap flag off) puts new objects in every "
@@ -214,7 +214,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.BatchNorm1d(2); w, mean = m.weight, m.running_mean\n"
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m.weight is not w and m.running_mean is not mean",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.round-trip-assign-replaces"),
     Deviation(
         "LOAD-IDENTITY", swap_loses_identity,
         ("class", "attributes", "grad", "tensor-hooks", "INV-KINDS"),
@@ -228,7 +228,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(m.state_dict())\n"
         "assert type(m.weight) is torch.nn.Parameter and m.weight.grad is None\n"
         "assert not hasattr(m.weight, 'tag')",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.swap-loses-identity"),
     Deviation(
         CROSS_DEVICE, swap_drops_written_identity, ("class", "attributes", "grad"),
         "Across devices as on one (see the LOAD-IDENTITY deviation): on the swap path "
@@ -240,7 +240,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(sd)\n"
         "assert m.weight.grad is None and not hasattr(m.weight, 'tag')",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.swap-drops-written-identity"),
     Deviation(
         "LOAD-ROUND-TRIP", round_trip_swap_loses_identity, "changed",
         "Loading state_dict() back under the swap flag loses a Parameter subclass's class, its "
@@ -249,14 +249,14 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(m.state_dict())\n"
         "assert m.weight.grad is None",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.round-trip-swap-loses-identity"),
     Deviation(
         "LOAD-ROUND-TRIP", uninitialized_refused, "raised",
         "torch's assign and swap paths raise on an uninitialized (lazy) parameter given its own "
         "state dict entry (Parameter() and module_load touch the uninitialized data).\n"
         "m = torch.nn.LazyLinear(2)\n"
         "m.load_state_dict(m.state_dict(), assign=True)  # RuntimeError: ... uninitialized",
-        TORCH_ALL),
+        TORCH_ALL, id="torch.load.uninitialized-refused"),
     # The same behaviours at a sequence's load step, under the SEQ- clause names: the one-shot
     # declarations above are matched there too, but name their own clauses.
     Deviation(
@@ -270,7 +270,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "m.load_state_dict(sd)\n"
         "assert m.weight.grad is not None  # fails",
-        torch_versions=TORCH_ALL),
+        torch_versions=TORCH_ALL, id="torch.load.step-swap-loses-identity"),
     Deviation(
         vocabulary.SEQUENCES, step_assign_splits_ties, ("parameter-tie-split", "buffer-tie-split"),
         always=False, reason=
@@ -281,7 +281,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "sd = {k: v + 1 for k, v in m.state_dict().items()}\n"
         "m.load_state_dict(sd, assign=True)\n"
         "assert m[0].weight is m[1].weight  # fails",
-        torch_versions=TORCH_SEEN),
+        torch_versions=TORCH_SEEN, id="torch.load.step-assign-splits-ties"),
     Deviation(
         vocabulary.SEQUENCES, step_assign_replaces_own_data,
         ("object-changed", "class", "attributes", "grad-lost", "grad-value"), always=False,
@@ -293,7 +293,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m = torch.nn.Linear(2, 2); w = m.weight\n"
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert m.weight is w  # fails",
-        torch_versions=TORCH_ALL),
+        torch_versions=TORCH_ALL, id="torch.load.step-assign-replaces-own-data"),
     Deviation(
         vocabulary.SEQUENCES, step_writes_before_failing,
         (*STEP_STATE_CLAUSES, "parameter-tie-split", "buffer-tie-split"), always=False, reason=
@@ -304,7 +304,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "try: m.load_state_dict(sd)\n"
         "except RuntimeError: pass\n"
         "assert torch.equal(m.weight, w)  # fails",
-        torch_versions=TORCH_ALL),
+        torch_versions=TORCH_ALL, id="torch.load.step-writes-before-failing"),
     Deviation(
         vocabulary.SEQUENCES, step_swaps_with_graph_grads,
         STEP_STATE_CLAUSES, always=False, reason=
@@ -319,5 +319,5 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "try: m.load_state_dict(sd)  # RuntimeError: While swapping the parameter named ...\n"
         "except RuntimeError: pass\n"
         "assert torch.equal(m[1].bias, b)  # fails",
-        torch_versions=TORCH_SEEN),
+        torch_versions=TORCH_SEEN, id="torch.load.step-swaps-with-graph-grads"),
 )

@@ -75,6 +75,7 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
             "assert m[0].weight is not m[1].weight  # tie split (also with the overwrite flag)"
         ),
         torch_versions=TORCH_XLA,
+        id="torch.xla.parameter-tie-split",
     ),
     Deviation(
         "XLA-STATE",
@@ -91,6 +92,7 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
             "assert m.b is not m.a.b  # tie split, swap flag or not"
         ),
         torch_versions=TORCH_XLA,
+        id="torch.xla.buffer-tie-split",
     ),
     Deviation(
         "XLA-STATE",
@@ -108,6 +110,7 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
             "assert type(m.weight) is nn.Parameter"
         ),
         torch_versions=TORCH_XLA,
+        id="torch.xla.parameter-class-lost",
     ),
     Deviation(
         "XLA-STATE",
@@ -124,6 +127,7 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
             "assert not hasattr(m.weight, 'tag')"
         ),
         torch_versions=TORCH_XLA,
+        id="torch.xla.parameter-attributes-lost",
     ),
     Deviation(
         "XLA-DTYPE-PATH",
@@ -142,6 +146,7 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
             "m.float()  # RuntimeError: _apply(): Couldn't swap Linear.weight"
         ),
         torch_versions=TORCH_XLA,
+        id="torch.xla.parameter-subclass-returned-as-is",
     ),
 )
 

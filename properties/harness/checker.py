@@ -86,6 +86,10 @@ DECLARED: Counter[tuple[str, str, str]] = Counter()
 DECLARED_SHOWN: Counter[tuple[str, str, str]] = Counter()
 
 
+# Examples a declared crash kept the target from running: (property_id, target_name, key) -> n.
+NOT_RUN: Counter[tuple[str, str, str]] = Counter()
+
+
 # Survey mode only: violations no declaration covers, (property_id, target_name, clause) -> examples.
 UNDECLARED: Counter[tuple[str, str, str]] = Counter()
 
@@ -142,6 +146,8 @@ class Checker:
             return False
         self.declared = crashing
         self._count({CRASH})
+        for d in crashing:
+            NOT_RUN[(self.property_id, self.target.name, d.key)] += 1
         return True
 
     def that(self, holds: bool, clause: str, message: str, code: str | None = None) -> bool:

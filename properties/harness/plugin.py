@@ -8,8 +8,9 @@ properties, or a host's own tests that opt in with the marker).
 Options (each also read from an environment variable, then from the ini file):
 
 - ``--swapspec-target`` / ``SWAPSPEC_TARGET`` / ini ``swapspec_target``: a built-in target
-  name, ``all`` (every built-in), ``package.module`` or ``package.module:attribute``
-  (comma-separated for several). Collecting swapspec's properties without one is an error,
+  name, ``all`` (every built-in), ``module``, ``package.module`` or either with ``:attribute``
+  (comma-separated for several); a module not importable otherwise is looked for in the folder
+  pytest was started in, then in the rootdir. Collecting swapspec's properties without one is an error,
   so a host's run never silently tests the built-ins instead of the host's code.
 - ``--swapspec-profile`` / ``SWAPSPEC_PROFILE``: load one of the registered Hypothesis
   profiles ``swapspec-dev``, ``swapspec-ci``, ``swapspec-thorough``, ``swapspec-mutation``
@@ -42,7 +43,12 @@ Options (each also read from an environment variable, then from the ini file):
   ``@reproduce_failure(...)`` line a failure printed, replayed on the one property test selected.
 
 A failure's repro is printed as its own section of the failure report, between two separator
-lines and without pytest's ``E`` prefixes, ready to paste.
+lines and without pytest's ``E`` prefixes, ready to paste; a ``swapspec replay`` section gives
+the command line that replays the failure (``replay_command``).
+
+With the example database off (the profile's ``database`` None, no ``--swapspec-database``) and
+no ``HYPOTHESIS_STORAGE_DIRECTORY``, Hypothesis' other files go to a temporary folder removed
+after the run: nothing is written to the host's working directory.
 """
 
 from __future__ import annotations
@@ -51,7 +57,11 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import re
+import shlex
+import shutil
+import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -135,10 +145,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if spec is None and _collects_properties(config):
         raise pytest.UsageError(NO_TARGET)
     try:
-        config.swapspec_targets = load_targets(spec) if spec else None
+        search = (config.invocation_params.dir, config.rootpath)
+        config.swapspec_targets = load_targets(spec, search) if spec else None
     except TargetError as e:
         raise pytest.UsageError(f"swapspec: {e}") from None
     config.swapspec_results = []
+    _storage_outside_the_tree(config)
     if not hasattr(config, "workerinput"):
         crashes.make_directory()
     if config.getoption("--swapspec-coverage"):
@@ -149,6 +161,43 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         crashes.remove_directory()
+    _restore_storage(config)
+
+
+STORAGE_ENV = "HYPOTHESIS_STORAGE_DIRECTORY"
+
+
+def _storage_outside_the_tree(config: pytest.Config) -> None:
+    """With the example database off (the loaded profile's ``database`` is None and no
+    ``--swapspec-database``) and no storage directory chosen (``HYPOTHESIS_STORAGE_DIRECTORY``),
+    Hypothesis' other files (its unicode table cache, the explain phase's patches) go to a
+    temporary folder removed after the run, not to ``.hypothesis/`` in the working directory:
+    nothing is written to the host's tree."""
+    from hypothesis import configuration
+
+    if (settings().database is not None or os.environ.get(STORAGE_ENV)
+            or _option(config, "--swapspec-database", "SWAPSPEC_DATABASE")):
+        return
+    saved = vars(configuration).get("__hypothesis_home_directory")
+    folder = tempfile.mkdtemp(prefix="swapspec-hypothesis-")
+    configuration.set_hypothesis_home_dir(folder)
+    config.stash[STORAGE] = (folder, saved)
+
+
+STORAGE = pytest.StashKey[tuple[str, object]]()
+
+
+def _restore_storage(config: pytest.Config) -> None:
+    """Undo ``_storage_outside_the_tree``: Hypothesis' home folder back, the temporary one gone."""
+    from hypothesis import configuration
+
+    made = config.stash.get(STORAGE, None)
+    if made is None:
+        return
+    folder, saved = made
+    configuration.set_hypothesis_home_dir(saved)
+    shutil.rmtree(folder, ignore_errors=True)
+    del config.stash[STORAGE]
 
 
 def _collects_properties(config: pytest.Config) -> bool:
@@ -366,6 +415,7 @@ def pytest_runtest_call(item: pytest.Item):
     region, shown = Counter(checker.IN_REGION), Counter(checker.SHOWN)
     declared = Counter(checker.DECLARED), Counter(checker.DECLARED_SHOWN)
     undeclared = Counter(checker.UNDECLARED)
+    not_run = Counter(checker.NOT_RUN)
     pairs_before = pairs.snapshot()
     try:
         with _count_cases(item):
@@ -378,6 +428,7 @@ def pytest_runtest_call(item: pytest.Item):
         applied = Counter(checker.DECLARED) - declared[0]
         showed = Counter(checker.DECLARED_SHOWN) - declared[1]
         item.swapspec_declarations = {key[2]: [n, showed[key]] for key, n in applied.items()}
+        item.swapspec_not_run = {key[2]: n for key, n in (Counter(checker.NOT_RUN) - not_run).items()}
         new_undeclared = Counter(checker.UNDECLARED) - undeclared
         item.swapspec_undeclared = {clause: n for (_, _, clause), n in new_undeclared.items()}
         item.swapspec_undeclared_messages = {key[2]: checker.UNDECLARED_MESSAGES.get(key, "")
@@ -437,6 +488,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         entry = {"property": pid, "target": target.name,
                  "deviations": {clause: n for (_, _, clause), n in counts.items()},
                  "declarations": getattr(item, "swapspec_declarations", {}) if in_call else {},
+                 "not_run": getattr(item, "swapspec_not_run", {}) if in_call else {},
                  "undeclared": getattr(item, "swapspec_undeclared", {}) if in_call else {},
                  "undeclared_messages":
                      getattr(item, "swapspec_undeclared_messages", {}) if in_call else {}}
@@ -446,6 +498,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
                                  else [harness_failure(pid, error)])
             entry["harness_error"] = error is not None
             _show_repros(item, report, entry["failures"])
+            _show_replay(item, report, target, entry["failures"])
         if report.when == "call" and hasattr(item, "swapspec_cases"):
             entry["cases"] = item.swapspec_cases
         if report.when == "call" and getattr(item, "swapspec_pairs", None):
@@ -551,6 +604,49 @@ def _show_repros(item: pytest.Item, report: pytest.TestReport, failures: list[di
             path = Path(directory) / (_file_name(report.nodeid) + (f"-{i}" if i else "") + ".py")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(script)
+
+
+REPLAY_SECTION = "swapspec replay"
+
+
+def replay_command(text: str, test: str, target: Target, plugin_args: list[str]) -> str | None:
+    """The command line that replays the failure whose report ``text`` holds Hypothesis'
+    ``@reproduce_failure`` line: ``pytest TEST --swapspec-target=... --swapspec-reproduce=...``
+    (with the run's own ``-p`` plugins), run from the folder the failing run was started in.
+    None when the text holds no such line."""
+    found = REPRODUCE.search(text)
+    if found is None:
+        return None
+    # the blob is base64 and the version digits: double quotes keep its single quotes readable
+    return (shlex.join(["pytest", *plugin_args, test, f"--swapspec-target={target.selector}"])
+            + f' --swapspec-reproduce="@{found[0].lstrip("@")}"')
+
+
+def _plugin_args(config: pytest.Config) -> list[str]:
+    """The ``-p NAME`` pairs the run was started with (a vendored plugin, a host profile)."""
+    args, out = list(config.invocation_params.args), []
+    for i, arg in enumerate(args):
+        if arg == "-p" and i + 1 < len(args):
+            out += ["-p", args[i + 1]]
+        elif arg.startswith("-p") and len(arg) > 2:
+            out += ["-p", arg[2:]]
+    return out
+
+
+def _show_replay(item: pytest.Item, report: pytest.TestReport, target: Target,
+                 failures: list[dict]) -> None:
+    """Add the replay command as a section of the report (and to each failure's entry), in
+    place of Hypothesis' advice to decorate a test function inside swapspec."""
+    if report.when != "call":
+        return
+    command = replay_command(str(report.longrepr), f"{item.path}::{item.name}", target,
+                             _plugin_args(item.config))
+    if command is None:
+        return
+    report.sections.append((REPLAY_SECTION, f"from {item.config.invocation_params.dir}:\n"
+                            f"{command}\n"))
+    for failure in failures:
+        failure["replay"] = command
 
 
 def _file_name(nodeid: str) -> str:

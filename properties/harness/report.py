@@ -45,6 +45,9 @@ def _merge_counts(cell: dict, result: dict) -> None:
         total = declarations.setdefault(key, [0, 0])
         total[0] += applied
         total[1] += shown
+    not_run = cell.setdefault("not_run", {})
+    for key, n in result.get("not_run", {}).items():
+        not_run[key] = not_run.get(key, 0) + n
     undeclared = cell.setdefault("undeclared", {})
     for clause, n in result.get("undeclared", {}).items():
         undeclared[clause] = undeclared.get(clause, 0) + n
@@ -68,9 +71,13 @@ _SKIP_PREFIX = re.compile(r"^(?P<target>.+) declares a skip for \S+: (?P<reason>
 
 def cell_note(cell: dict) -> str:
     """The long text of a cell, shown once as a numbered note under the table: the declared
-    deviations seen and their counts, the skip reason, or the broken rules."""
+    deviations seen and their counts with the IDs of the declarations that matched, and the
+    examples a declared crash kept from running; the skip reason; or the broken rules."""
     if cell["status"] == "deviation":
-        return "deviations seen: " + ", ".join(f"{c} x{n}" for c, n in sorted(cell["deviations"].items()))
+        return "; ".join(part for part in (
+            "deviations seen: " + ", ".join(f"{c} x{n}" for c, n in sorted(cell["deviations"].items())),
+            _counted("matched", _matched(cell)),
+            _counted("not run (declared crash)", cell.get("not_run", {}))) if part)
     if cell["status"] == "skipped":
         match = _SKIP_PREFIX.match(cell["reason"])
         return (f"{match['target']} declares a skip: {match['reason']}" if match
@@ -83,6 +90,18 @@ def cell_note(cell: dict) -> str:
                               for f in cell.get("failures", []))
         return ("broken: " + "; ".join(_shortened(r) for r in rules)) if rules else ""
     return ""
+
+
+def _matched(cell: dict) -> dict[str, int]:
+    """The declarations (by key: the ID) that showed on some example of the cell, and on how
+    many, declared crashes left out (they are counted as not run)."""
+    not_run = cell.get("not_run", {})
+    return {key: shown for key, (_, shown) in cell.get("declarations", {}).items()
+            if shown and key not in not_run}
+
+
+def _counted(title: str, counts: dict[str, int]) -> str:
+    return f"{title}: " + ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) if counts else ""
 
 
 def _shortened(text: str, limit: int = 160) -> str:
@@ -110,22 +129,44 @@ def render_table(table: dict[str, dict[str, dict]], width: int = TABLE_WIDTH) ->
             number = notes.setdefault(text, len(notes) + 1) if text else None
             cells[(pid, target)] = render_cell(cell, number) if cell else "-"
     headers = {t: t if len(t) <= LONG_NAME else f"T{i}" for i, t in enumerate(targets, 1)}
+    collapsed = _skipped_everywhere(table, targets, headers, cells)
+    shown = {pid: row for pid, row in table.items() if not any(pid in p for p in collapsed.values())}
     lines: list[str] = []
-    for block in _column_blocks(table, targets, headers, cells, width):
+    for block in _column_blocks(shown, targets, headers, cells, width) if shown else []:
         rows = [["property", *(headers[t] for t in block)],
-                *([pid, *(cells[(pid, t)] for t in block)] for pid in table)]
+                *([pid, *(cells[(pid, t)] for t in block)] for pid in shown)]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         fmt = " | ".join(f"{{:<{w}}}" for w in widths)
         lines += [fmt.format(*rows[0]).rstrip(), "-+-".join("-" * w for w in widths),
                   *(fmt.format(*r).rstrip() for r in rows[1:]), ""]
+    for word, pids in collapsed.items():
+        lines += textwrap.wrap(f"{word} ({len(pids)}): {', '.join(pids)}", width,
+                               subsequent_indent="    ", break_on_hyphens=False)
+    if collapsed:
+        lines.append("")
     lines += textwrap.wrap("pass: follows the spec; FAIL: breaks it; dev: passes with declared "
                            "deviations; skip: declared not to apply; ERROR: swapspec's own code raised (a "
                            "harness error: no verdict on the target); -: not run", width)
     lines += [f"{h} = {t}" for t, h in headers.items() if h != t]
     for text, number in notes.items():
-        lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ",
+        lines += textwrap.wrap(text, width, initial_indent=f"[{number}] ", break_on_hyphens=False,
                                subsequent_indent=" " * (len(str(number)) + 3))
     return lines
+
+
+def _skipped_everywhere(table, targets, headers, cells) -> dict[str, list[str]]:
+    """The properties skipped on every target of the table, grouped by what their cells show
+    (``skip [3]``, or ``skip [3] | skip [4]`` across targets): one line each under the table
+    instead of one row per property. None when no row would be left."""
+    groups: dict[str, list[str]] = {}
+    for pid, row in table.items():
+        if len(row) == len(targets) and all(c["status"] == "skipped" for c in row.values()):
+            word = " | ".join(f"{cells[(pid, t)]}" + (f" on {headers[t]}" if len(targets) > 1 else "")
+                              for t in targets if t in row)
+            groups.setdefault(word, []).append(pid)
+    if sum(map(len, groups.values())) == len(table):
+        return {}
+    return groups
 
 
 def _column_blocks(table, targets, headers, cells, width) -> list[list[str]]:

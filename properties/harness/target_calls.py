@@ -3,6 +3,7 @@ takes (``Target.has``), and call inputs drawn to match."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -49,14 +50,28 @@ def run_method(target: Any, example: Example, call: Any) -> Outcome:
 
 
 # ---- functional_call ---------------------------------------------------------------------
-KEYWORD_DEFAULTS = {"tie_weights": True, "strict": False}
+# What a call means on a target without the keyword (``Target.has``): a functional call that
+# takes no ``tie_weights`` writes each name it is given on its own, which is torch's
+# ``tie_weights=False``; one without ``strict`` accepts any subset of names, ``strict=False``.
+WITHOUT_KEYWORD = {"tie_weights": False, "strict": False}
 
 
 def target_call_inputs(target: Any, module: nn.Module, **options: Any):
     """``call_inputs`` drawing only what ``target`` takes: its ``call_forms``, and each keyword it
-    lacks (``Target.has``) fixed to the spec's default."""
-    fixed = {k: v for k, v in KEYWORD_DEFAULTS.items() if not target.has(k)}
-    return call_inputs(module, forms=target.call_forms, **{**options, **fixed})
+    lacks (``Target.has``) fixed to what a call without it means (``WITHOUT_KEYWORD``), so the
+    oracle judges the call by those rules."""
+    fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
+    lacking = frozenset(fixed)
+    drawn = call_inputs(module, forms=target.call_forms, **{**options, **fixed})
+    return drawn.map(lambda call: dataclasses.replace(call, lacking=lacking)) if lacking else drawn
+
+
+def fixed_keywords(target: Any) -> dict[str, Any]:
+    """``CallInput`` fields for a call a property builds itself: each keyword ``target`` lacks
+    fixed to what a call without it means (so the oracle judges it by the target's rules), and
+    named in ``lacking`` (so it is not shown)."""
+    fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
+    return {**fixed, "lacking": frozenset(fixed)} if fixed else {}
 
 
 def call_target(target: Any, module: nn.Module, tensors: Any, args: tuple, kwargs: dict, *,

@@ -50,28 +50,33 @@ None); a feature of the call (``tie_weights``, ``strict``, ``tuple_inputs``) is 
 ``lacks`` names it, and never without ``functional_call``; ``tuple_inputs`` needs a tuple form
 in ``call_forms``. A property that needs a missing feature
 (``properties.vocabulary.NEEDS``) is skipped with one stated reason, and the calls draw only the
-options the target has: without ``tie_weights`` every call is a ``tie_weights=True`` call made
-without the keyword; without ``strict``, a ``strict=False`` call made without the keyword.
+options the target has: without ``tie_weights`` every call is made without the keyword and
+judged as torch's ``tie_weights=False`` (each name written on its own: giving one name of a tie
+leaves the others as they are); without ``strict``, as a ``strict=False`` call.
 
 Select one with ``--swapspec-target``, ``SWAPSPEC_TARGET`` or the ini key ``swapspec_target``:
-a built-in name, ``all`` (every built-in), ``package.module`` (the module is the target) or
-``package.module:attribute``; comma-separated for several.
+a built-in name, ``all`` (every built-in), ``module`` or ``package.module`` (the module is the
+target) or either with ``:attribute``; comma-separated for several. A module not importable
+otherwise is looked for in the folder pytest was started in, then in its rootdir.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from swapspec import reference
+from swapspec.properties.declarations import select
 from swapspec.properties.declarations.torch import (
     STATELESS_DEVIATIONS,
     TORCH_DEVIATIONS,
@@ -278,6 +283,20 @@ def builtin_target(name: str) -> Target:
                       " or give package.module:attribute")
 
 
+def torch_declarations(*, ids: Iterable[str] = (), properties: Iterable[str] = (),
+                       clauses: Iterable[str] = ()) -> tuple[Deviation, ...]:
+    """The built-in ``torch`` and ``torch-stateless`` targets' declarations, each once, that
+    match every criterion given (``properties.declarations.select``): for a host whose target
+    wraps torch and inherits some of its deviations, e.g.
+    ``torch_declarations(properties=["FC-PARAMETRIZED"])`` or ``torch_declarations(ids=[...])``.
+    """
+    found: dict[int, Deviation] = {}
+    for name in ("torch", "torch-stateless"):
+        for d in builtin_target(name).deviations:
+            found.setdefault(id(d), d)
+    return select(found.values(), ids=ids, properties=properties, clauses=clauses)
+
+
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",
                  "exact_messages", "methods", "coverage_modules", "swap_tensors",
                  "comparisons")
@@ -301,25 +320,56 @@ def from_object(obj: Any) -> Target:
     return Target(str(obj.name), **found)
 
 
-def load_target(spec: str) -> Target:
-    """A built-in name, ``package.module`` or ``package.module:attribute`` naming a target."""
+def load_target(spec: str, search: Sequence[str | Path] = ()) -> Target:
+    """A built-in name, ``module`` (a top-level module), ``package.module`` or either with
+    ``:attribute``, naming a target.
+
+    A module that is not importable but lies in one of the ``search`` folders (the plugin's:
+    the folder pytest was started in, then the rootdir) is imported from there: that folder goes
+    first on ``sys.path``, as ``python -m pytest`` would have put it.
+    """
     spec = spec.strip()
-    if ":" not in spec and (spec in BUILTIN_NAMES or "." not in spec):
+    if spec in BUILTIN_NAMES:
         return builtin_target(spec)
     module_name, _, attribute = spec.partition(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj = _import(module_name, search)
         if attribute:
             obj = getattr(obj, attribute)
     except (ImportError, AttributeError) as e:
-        raise TargetError(f"cannot load target {spec!r}: {type(e).__name__}: {e}") from e
+        unknown = "" if ":" in spec or "." in spec else (
+            f"not a built-in name ({', '.join(BUILTIN_NAMES)}) and ")
+        raise TargetError(f"cannot load target {spec!r}: {unknown}{type(e).__name__}: {e}"
+                          + _IMPORT_HINT * isinstance(e, ModuleNotFoundError)) from e
     return dataclasses.replace(from_object(obj), spec=spec)
 
 
-def load_targets(spec: str) -> Sequence[Target]:
-    """The targets ``spec`` names; ``all`` stands for every built-in."""
+_IMPORT_HINT = (". Run pytest from the folder that holds it (or its package), or put that "
+                "folder on sys.path: PYTHONPATH, or pytest's ini option pythonpath = [\".\"]")
+
+
+def _import(module_name: str, search: Sequence[str | Path]) -> Any:
+    """``importlib.import_module``, retried from the first ``search`` folder that holds the
+    module's top-level package or file."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        top = module_name.partition(".")[0]
+        if e.name != top:
+            raise
+        for folder in map(Path, search):
+            if (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file():
+                sys.path.insert(0, str(folder))
+                importlib.invalidate_caches()
+                return importlib.import_module(module_name)
+        raise
+
+
+def load_targets(spec: str, search: Sequence[str | Path] = ()) -> Sequence[Target]:
+    """The targets ``spec`` names; ``all`` stands for every built-in (``search``: see
+    ``load_target``)."""
     names = [part.strip() for part in spec.split(",") if part.strip()]
     names = [n for part in names for n in (BUILTIN_NAMES if part == "all" else (part,))]
     if not names:
         raise TargetError(f"no target in {spec!r}")
-    return [load_target(name) for name in names]
+    return [load_target(name, search) for name in names]

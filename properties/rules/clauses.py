@@ -71,5 +71,31 @@ def _layout_diff(old: tuple, new: tuple | None) -> str:
     if new is None:
         return "module gone"
     labels = ("class", "__dict__", "_parameters", "_buffers")
-    return "; ".join(f"{label}: {a} -> {b}" for label, a, b in zip(labels, old, new, strict=True)
-                     if a != b)
+    return "; ".join(_reordered(label, a, b) or f"{label}: {a} -> {b}"
+                     for label, a, b in zip(labels, old, new, strict=True) if a != b)
+
+
+def _reordered(label: str, old: tuple, new: tuple) -> str:
+    """``"slot order changed: ..."`` where a slot table holds the same names in another order."""
+    if label in ("_parameters", "_buffers") and sorted(old) == sorted(new) and old != new:
+        return f"slot order changed: {label} {old} -> {new}"
+    return ""
+
+
+def slot_orders(module: nn.Module) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Each submodule's ``_parameters`` and ``_buffers`` names, in their order."""
+    return {path: (tuple(m._parameters), tuple(m._buffers))
+            for path, m in module.named_modules(remove_duplicate=False)}
+
+
+def slot_order_changes(before: dict, now: dict) -> list[str]:
+    """Where ``now`` (``slot_orders``) holds a module's slot names in another order than
+    ``before``, each said in those words."""
+    changes = []
+    for path, tables in before.items():
+        for label, old, new in zip(("_parameters", "_buffers"), tables, now.get(path, tables),
+                                   strict=True):
+            said = _reordered(label, old, new)
+            if said:
+                changes.append(f"module {path or '<root>'!r}: {said}")
+    return changes

@@ -22,7 +22,11 @@ from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.plugged import with_modules
 from swapspec.properties.harness.repro import call_repro, keyword_code
-from swapspec.properties.harness.target_calls import call_target, target_call_inputs
+from swapspec.properties.harness.target_calls import (
+    call_target,
+    fixed_keywords,
+    target_call_inputs,
+)
 from swapspec.properties.models.apply_state import WORLD_CHANCE, is_uninitialized
 from swapspec.properties.models.call_state import (
     copy_outcome,
@@ -52,7 +56,7 @@ from swapspec.properties.models.oracle import (
     tie_groups,
 )
 from swapspec.properties.models.outcomes import Outcome, attempt, same_output
-from swapspec.properties.rules.clauses import check_untouched
+from swapspec.properties.rules.clauses import check_untouched, slot_order_changes, slot_orders
 from swapspec.strategies import (
     CallInput,
     ForwardError,
@@ -248,9 +252,19 @@ def test_fc_matchesloaded_copy(target, data):
     assume(not isinstance(filled, ExpectedError))
     copy, copy_kwargs = loaded_copy(module, filled, call)
     want = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
-    got = _call(target, module, call)
+    orders = {"before": slot_orders(module)}
+    handle = module.register_forward_pre_hook(
+        lambda m, a: None if "in forward" in orders else orders.update({"in forward": slot_orders(m)}))
+    try:
+        got = _call(target, module, call)
+    finally:
+        handle.remove()
+    orders["after the call"] = slot_orders(module)
+    reordered = [f"{when}, {change}" for when in ("in forward", "after the call") if when in orders
+                 for change in slot_order_changes(orders["before"], orders[when])]
     check.that(same_output(got, want), "output",
-               f"output differs from the loaded copy's (got {_show(got)}, want {_show(want)})")
+               (f"the slot order changed ({'; '.join(reordered)}), and " if reordered else "")
+               + f"output differs from the loaded copy's (got {_show(got)}, want {_show(want)})")
     _verdict(check, example, target)
 
 
@@ -566,7 +580,8 @@ def test_fc_parametrized_names(target, data):
     key, value, expected = _parametrized_input(owner, path, name, disable, data)
     (x,) = data.draw(forward_inputs(), label="x")
     x = x.to("meta") if meta_built(module) else x
-    call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}))
+    call = CallInput({key: value}, (x,), {}, features=frozenset({"parametrized"}),
+                     **fixed_keywords(target))
     example = Example(module, call=call)
     check = Checker("FC-PARAMETRIZED", target, example)
     if check.skips_declared_crash():

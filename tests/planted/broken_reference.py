@@ -68,6 +68,7 @@ def parameter_keeping_functional_call(module, tensors, args=None, kwargs=None, *
 TIE_SPLIT = Deviation(
     "APPLY-TIES", lambda example: example.has("tied-parameter"), "parameter-tie-split",
     "planted: tie_splitting_apply gives each later slot of a tied parameter a new object",
+    id="planted.apply.tie-split",
 )
 
 tie_split = SimpleNamespace(name="broken-tie-split", apply=tie_splitting_apply,
@@ -83,7 +84,8 @@ no_restore = SimpleNamespace(name="broken-no-restore", apply=reference.apply,
 stale = SimpleNamespace(
     name="stale-declaration", apply=reference.apply, functional_call=reference.functional_call,
     deviations=[Deviation("APPLY-TIES", lambda example: True, "parameter-tie-split",
-                          "planted: the reference never splits ties, so this is stale")],
+                          "planted: the reference never splits ties, so this is stale",
+                          id="planted.apply.stale")],
 )
 
 not_a_target = SimpleNamespace(name="half-a-target")

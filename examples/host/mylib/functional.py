@@ -5,8 +5,8 @@ mylib's design, on top of ``torch.func.functional_call``:
 - a tuple of dicts is read like a ``collections.ChainMap``: when two dicts give one name, the
   later dict wins (torch raises ``ValueError`` there);
 - errors keep torch's types but speak mylib's words (``mylib.functional_call: ...``);
-- ``call_with(module, tensors, *args, **kwargs)`` is the short form: one dict, no
-  ``tie_weights`` or ``strict`` (torch's defaults).
+- ``call_with(module, tensors, *args, **kwargs)`` is the short form: one dict, each name
+  written on its own (torch's ``tie_weights=False``), no ``strict``.
 
 Setting ``MYLIB_PLANTED_BUG=ignore-strict`` plants a bug: ``strict`` is ignored.
 """
@@ -41,7 +41,7 @@ def functional_call(module: nn.Module, tensors: Any, args: Any = (), kwargs: dic
 
 def call_with(module: nn.Module, tensors: dict, *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)`` with ``tensors`` in place of its own tensors."""
-    return functional_call(module, tensors, args, kwargs)
+    return functional_call(module, tensors, args, kwargs, tie_weights=False)
 
 
 def _overlapping(dicts: Any) -> bool:

@@ -4,7 +4,9 @@
   ``mylib.functional_call``, with mylib's own conversion and layer drawn alongside swapspec's.
   Both wrap torch, so torch's declared deviations are reused; mylib adds its own.
 - ``--swapspec-target=mylib.swapspec_targets:short_form``: ``mylib.call_with``, a
-  functional-call-only target without ``tie_weights`` or ``strict``.
+  functional-call-only target without ``tie_weights`` or ``strict`` (each name written on its
+  own: held to torch's ``tie_weights=False`` rules), reusing torch's functional_call
+  declarations by ID.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 
 import mylib
 from swapspec.properties.declarations.torch import TORCH_DEVIATIONS
-from swapspec.properties.harness.targets import Target
+from swapspec.properties.harness.targets import Target, torch_declarations
 from swapspec.properties.vocabulary import Deviation
 from swapspec.strategies import Conversion, HostModule
 
@@ -26,6 +28,7 @@ MERGES_OVERLAPS = Deviation(
     reason="mylib reads a tuple of dicts like a ChainMap (the later dict wins) where the spec "
            "raises ValueError. Repro: m = nn.Linear(2, 2); b = torch.zeros(2); "
            "mylib.functional_call(m, ({'bias': b}, {'bias': b}), (torch.ones(1, 2),))  # returns",
+    id="mylib.fc.merges-overlaps",
 )
 
 FAKE_QUANTIZE = Conversion("mylib.fake_quantize", "lambda t: fake_quantize(t)",
@@ -46,4 +49,5 @@ def _call_with(module, tensors, args=(), kwargs=None):
 
 
 short_form = Target("mylib-short", functional_call=_call_with, lacks={"tie_weights", "strict"},
-                    call_forms=("dict",), deviations=TORCH_DEVIATIONS, modules=GATES)
+                    call_forms=("dict",), modules=GATES,
+                    deviations=torch_declarations(ids=["torch.fc.*"]))
