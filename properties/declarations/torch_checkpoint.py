@@ -41,7 +41,8 @@ CHECKPOINT_DEVIATIONS: tuple[Deviation, ...] = (
         "m = nn.Module(); m.e = E(); m.l = nn.Linear(2, 2); "
         "sd = {**m.state_dict(), 'e._extra_state': 1, 'l._extra_state': 1}; "
         "m.load_state_dict(sd)  # RuntimeError: Unexpected key(s) in state_dict: "
-        "\"l._extra_state\"; assert m.e.v == 0  # fails: 1"),
+        "\"l._extra_state\"; assert m.e.v == 0  # fails: 1",
+        id="torch.checkpoint.extra-state-set-before-unexpected-key"),
     Deviation(
         "CHECKPOINT-POST-HOOK-RETURN", always, "changed", torch_versions=TORCH_CHECKED, reason=
         "load_state_dict runs a module's load post-hooks after loading it and its children, and "
@@ -49,5 +50,6 @@ CHECKPOINT_DEVIATIONS: tuple[Deviation, ...] = (
         "loaded. Repro: m = nn.Linear(2, 2); "
         "m.register_load_state_dict_post_hook(lambda mod, keys: 'renamed'); "
         "m.load_state_dict({'weight': torch.zeros(2, 2), 'bias': torch.zeros(2)})  "
-        "# AssertionError; assert m.bias.abs().sum() > 0  # fails: loaded"),
+        "# AssertionError; assert m.bias.abs().sum() > 0  # fails: loaded",
+        id="torch.checkpoint.post-hook-return-after-load"),
 )

@@ -56,7 +56,8 @@ REGISTRATION_DEVIATIONS: tuple[Deviation, ...] = (
         "p = nn.Parameter(torch.zeros(2), requires_grad=False); "
         "p.add_(torch.zeros(2, requires_grad=True)); m.b = p  # ValueError; "
         "assert 'b' in m._buffers  # fails: the buffer is gone",
-        torch_versions=TORCH_CHECKED),
+        torch_versions=TORCH_CHECKED,
+        id="torch.register.non-leaf-parameter-drops-name"),
     Deviation(
         "REGISTER-REFUSED", child_under_a_bad_name, "accepted",
         "Module.__setattr__ registers a Module under any name, where add_module refuses a dotted "
@@ -64,7 +65,8 @@ REGISTRATION_DEVIATIONS: tuple[Deviation, ...] = (
         "told apart or loaded (torch 2.13). Repro: m = nn.Module(); "
         "setattr(m, 'a.b', nn.Linear(1, 1)); list(m.state_dict())  # ['a.b.weight', 'a.b.bias']; "
         "m.add_module('a.b', nn.Linear(1, 1))  # KeyError",
-        torch_versions=TORCH_CHECKED),
+        torch_versions=TORCH_CHECKED,
+        id="torch.register.setattr-child-under-bad-name"),
     Deviation(
         "REGISTER-SWAP-REFUSED", view_of_a_tensor_without_grad, "unclear-message",
         "swap_tensors refuses a tensor held by a view that does not require grad with "
@@ -74,5 +76,6 @@ REGISTRATION_DEVIATIONS: tuple[Deviation, ...] = (
         "2.13). Repro: t = torch.zeros(2); v = t.view(-1); "
         "torch.utils.swap_tensors(t, torch.ones(2))  # RuntimeError: It is not possible to get "
         "the gradient edge ...",
-        torch_versions=TORCH_CHECKED),
+        torch_versions=TORCH_CHECKED,
+        id="torch.register.swap-view-unclear-message"),
 )
