@@ -39,9 +39,13 @@ LOAD = (
     "LOAD-ATOMIC", "LOAD-IDENTITY", "LOAD-KEYS", "LOAD-PATH", "LOAD-ROUND-TRIP", "LOAD-TIES",
     "LOAD-VALUES",
 )
+PARAMETRIZE = (
+    "PARAMETRIZE-CACHED", "PARAMETRIZE-DEEPCOPY", "PARAMETRIZE-REFUSED", "PARAMETRIZE-REMOVE",
+    "PARAMETRIZE-STACK", "PARAMETRIZE-TRANSFER",
+)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
-    "sequences": SEQUENCES, "load_state_dict": LOAD,
+    "sequences": SEQUENCES, "load_state_dict": LOAD, "parametrize": PARAMETRIZE,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 
@@ -51,6 +55,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "apply": ("apply",), "functional_call": ("functional_call",),
     "together": ("apply", "functional_call"), "xla": ("apply",),
     "load_state_dict": ("load_state_dict",), "sequences": ("apply", "functional_call"),
+    "parametrize": ("apply",),
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
@@ -59,6 +64,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "XLA-FUNCTIONAL-CALL": ("functional_call",),
     "XLA-LOAD-FROM": ("load_state_dict",),
     "XLA-LOAD-INTO": ("load_state_dict",),
+    "PARAMETRIZE-CACHED": ("apply", "functional_call"),
     "XLA-SET-DATA-REFUSED": (),  # a fact about the torch build, whatever the target
 }
 

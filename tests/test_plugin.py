@@ -524,7 +524,7 @@ def test_exported_property_ids_are_exactly_the_catalogue():
     assert len(set(vocabulary.ALL)) == len(vocabulary.ALL)
     for family, members in vocabulary.FAMILIES.items():
         prefix = {"apply": "APPLY-", "functional_call": "FC-", "together": "TOGETHER-", "xla": "XLA-",
-                  "sequences": "SEQ-", "load_state_dict": "LOAD-"}
+                  "sequences": "SEQ-", "load_state_dict": "LOAD-", "parametrize": "PARAMETRIZE-"}
         assert all(m.startswith(prefix[family]) for m in members), family
 
 

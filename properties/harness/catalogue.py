@@ -16,7 +16,8 @@ PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties
                     "swapspec.properties.rules.test_functional_call",
                     "swapspec.properties.rules.test_together", "swapspec.properties.rules.test_xla",
                     "swapspec.properties.rules.test_sequences",
-                    "swapspec.properties.rules.test_load_state_dict")
+                    "swapspec.properties.rules.test_load_state_dict",
+                    "swapspec.properties.rules.test_parametrize")
 
 
 def properties() -> Iterator[tuple[str, str, str]]:
