@@ -4,6 +4,7 @@ and the module's parametrization layout."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -50,10 +51,8 @@ def registered_value(parametrization: nn.Module, value: Tensor, *, stacked: bool
             return parametrization(value)
         stored: Any = value
         if hasattr(parametrization, "right_inverse"):
-            try:
+            with contextlib.suppress(NotImplementedError):
                 stored = parametrization.right_inverse(value)
-            except NotImplementedError:
-                pass
         return parametrization(*stored) if isinstance(stored, tuple) else parametrization(stored)
 
 
