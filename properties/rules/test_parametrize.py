@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
@@ -32,7 +32,7 @@ from swapspec.properties.harness.target_calls import (
     target_call_inputs,
 )
 from swapspec.properties.models.call_state import module_state
-from swapspec.properties.models.examples import Example, same_values
+from swapspec.properties.models.examples import Example, clone_value, same_values
 from swapspec.properties.models.load_examples import changes, snapshot_for_load
 from swapspec.properties.models.outcomes import attempt, same_output
 from swapspec.properties.models.parametrize_state import (
@@ -66,9 +66,13 @@ DECORATIONS = ("tensor-hooks", "module-hooks", "weight_norm", "orthogonal", "cus
 # have no CPU kernels for orthogonal's matrix exponential; complex values have no order).
 CONVERSIONS = ("float()", "double()", "to(torch.float64)", "cpu()", "share_memory()",
                "to(memory_format=torch.channels_last)", "add(1)", "TwoTensor")
-trees = module_trees(lazy=False, needs=("parametrizable", "leaf-grads"), decoration_kinds=DECORATIONS,
-                     wrappers=(), catalogue=False, behaviours=())
-converted = modules_with_conversions(trees, ["cpu"], where=lambda c: c.name in CONVERSIONS)
+TREE_OPTIONS = {"lazy": False, "needs": ("parametrizable", "leaf-grads"), "wrappers": (),
+                "decoration_kinds": DECORATIONS, "catalogue": False, "behaviours": ()}
+converted = modules_with_conversions(module_trees(**TREE_OPTIONS), ["cpu"],
+                                     where=lambda c: c.name in CONVERSIONS)
+# No shared submodule: a call naming one slot twice is FC-RESTORE's subject (SHARED_SLOT).
+converted_unshared = modules_with_conversions(module_trees(**TREE_OPTIONS, sharing=False), ["cpu"],
+                                              where=lambda c: c.name in CONVERSIONS)
 
 
 # The share of the profile's max_examples each property runs (at least one): an example builds,
@@ -82,7 +86,7 @@ def parametrize_property(property_id: str) -> Callable:
     one)."""
     current = settings()
     relax = settings(current, max_examples=max(1, current.max_examples // EXAMPLES_DIVISOR),
-                     deadline=None, print_blob=True, phases=[Phase.explicit, Phase.generate],
+                     deadline=None, print_blob=True,
                      suppress_health_check=[*current.suppress_health_check,
                                             HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -97,11 +101,12 @@ def _registration_line(path: str, name: str, kind: str) -> str:
             f"{name!r}, make_parametrization({kind!r}))")
 
 
-def _prepared(target: Any, data: st.DataObject, property_id: str, *, good: bool = True):
+def _prepared(target: Any, data: st.DataObject, property_id: str, *, good: bool = True,
+              drawn: st.SearchStrategy = converted):
     """``(example, check, path, name, setup)``: a drawn tree whose matrix got a drawn good
     parametrization (unless not ``good``), converted by the target (an example whose conversion
     the target refuses is not drawn: ``APPLY-`` properties judge those)."""
-    module, conversion = data.draw(converted, label="module and conversion")
+    module, conversion = data.draw(drawn, label="module and conversion")
     path, name = matrix_slot(module)
     owner = owner_at(module, path)
     setup = [REPRO_IMPORT]
@@ -281,7 +286,8 @@ def test_cached_call(target, data):
     Origin: ``torch.nn.utils.parametrize.cached``' documentation (caching is a speed-up that
     changes no result).
     """
-    example, check, path, name, setup = _prepared(target, data, "PARAMETRIZE-CACHED")
+    example, check, path, name, setup = _prepared(target, data, "PARAMETRIZE-CACHED",
+                                                   drawn=converted_unshared)
     module, twin = example.module, copy.deepcopy(example.module)
     call = data.draw(target_call_inputs(target, module, valid=True), label="call")
 
@@ -290,7 +296,7 @@ def test_cached_call(target, data):
                                            tie_weights=call.tie_weights, strict=call.strict))
 
     tensors = _retargeted(call.tensors, module, module)  # a value None deletes: none given
-    plain = run(twin, _retargeted(call.tensors, module, twin))
+    plain = run(twin, _retargeted(tensors, module, twin))
     with parametrize.cached():
         cached = run(module, tensors)
     check.that(same_output(cached, plain), "output",
@@ -307,14 +313,21 @@ def test_cached_call(target, data):
 
 def _retargeted(tensors: Any, module: nn.Module, twin: nn.Module) -> Any:
     """``tensors`` without ``None`` values, each of ``module``'s own tensors replaced by the
-    twin's counterpart."""
+    twin's counterpart and every other tensor by a clone (one per object: forward may write to a
+    given buffer)."""
     mine = {id(t): n for n, t in [*module.named_parameters(remove_duplicate=False),
                                   *module.named_buffers(remove_duplicate=False)]}
     theirs = dict([*twin.named_parameters(remove_duplicate=False),
                    *twin.named_buffers(remove_duplicate=False)])
 
+    clones: dict[int, Any] = {}
+
     def swap(value: Any) -> Any:
-        return theirs[mine[id(value)]] if isinstance(value, Tensor) and id(value) in mine else value
+        if not isinstance(value, Tensor):
+            return value
+        if id(value) in mine:
+            return theirs[mine[id(value)]]
+        return clones.setdefault(id(value), clone_value(value))
 
     if isinstance(tensors, dict):
         return {k: swap(v) for k, v in tensors.items() if v is not None}
