@@ -91,7 +91,7 @@ FIRST_ONLY = ("split-sum", "inverse-device")
 BAD_WORDS = {
     "forward-dtype": "dtype", "forward-shape": "shape", "forward-not-tensor": "tensor",
     "inverse-dtype": "dtype", "inverse-shape": "shape", "inverse-not-tensor": "tensor",
-    "inverse-device": "device", "bad-element": "element", "missing-name": "sw_missing",
+    "inverse-device": "device", "bad-element": "tensor", "missing-name": "sw_missing",
 }
 BAD = tuple(BAD_WORDS)
 # First registrations whose right_inverse has already been written into the tensor when a
