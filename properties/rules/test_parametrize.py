@@ -237,6 +237,33 @@ def test_refused_registration_after_apply(target, data):
                                                                      registration.kind)]))
 
 
+@parametrize_property("PARAMETRIZE-ASSIGN")
+@given(data=st.data())
+def test_assign_after_apply(target, data):
+    """Assigning a parametrized tensor of a module the target converted its own value stores it
+    through the ``right_inverse`` of every parametrization, last first, keeping the originals'
+    objects; where one has none (or its ``right_inverse`` raises), the assignment raises and
+    leaves the module exactly as it was.
+
+    Origin: ``register_parametrization``'s documentation (assigning a parametrized tensor calls
+    ``right_inverse``).
+    """
+    example, check, path, name, setup = _prepared(target, data, "PARAMETRIZE-ASSIGN")
+    module, owner = example.module, owner_at(example.module, path)
+    held, value = originals(owner, name), read(owner, name)
+    before = snapshot_for_load(module)
+    outcome = attempt(lambda: setattr(owner, name, value))
+    if outcome.error is None:
+        check.that(all(a is b for a, b in zip(originals(owner, name), held, strict=True)),
+                   "originals", "the assignment replaced an original object")
+    else:
+        check.that(not changes(before, module), "changed",
+                   f"the refused assignment changed the module: {changes(before, module)[:4]}")
+    check.verdict(_repro(example, target, setup, [
+        f"setattr(module.get_submodule({path!r}), {name!r}, "
+        f"getattr(module.get_submodule({path!r}), {name!r}).detach().clone())"]))
+
+
 @parametrize_property("PARAMETRIZE-TRANSFER")
 @given(data=st.data())
 def test_transfer_after_apply(target, data):
