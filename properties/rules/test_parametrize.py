@@ -79,7 +79,7 @@ converted_unshared = modules_with_conversions(module_trees(**TREE_OPTIONS, shari
 # parametrizes and converts a tree, then checks the invariants, so a full share would cost
 # several times the suite's time budget for these properties. PARAMETRIZE-REFUSED, whose kinds
 # each reach their own refusal, gets twice the share.
-EXAMPLES_DIVISOR = 8
+EXAMPLES_DIVISOR = 4
 
 
 def parametrize_property(property_id: str, divisor: int = EXAMPLES_DIVISOR) -> Callable:
