@@ -46,10 +46,14 @@ CHECKPOINT = (
     "CHECKPOINT-STATE-DICT-FORMS", "CHECKPOINT-VECTOR",
 )
 REGISTRATION = ("REGISTER-HOOKS", "REGISTER-REFUSED", "REGISTER-SLOT", "REGISTER-SWAP-REFUSED")
+PARAMETRIZE = (
+    "PARAMETRIZE-ASSIGN", "PARAMETRIZE-CACHED", "PARAMETRIZE-DEEPCOPY", "PARAMETRIZE-REFUSED",
+    "PARAMETRIZE-REMOVE", "PARAMETRIZE-STACK", "PARAMETRIZE-TRANSFER",
+)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
     "sequences": SEQUENCES, "load_state_dict": LOAD, "checkpoint": CHECKPOINT,
-    "registration": REGISTRATION,
+    "registration": REGISTRATION, "parametrize": PARAMETRIZE,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 
@@ -61,6 +65,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "load_state_dict": ("load_state_dict",), "sequences": ("apply", "functional_call"),
     "checkpoint": ("apply",),
     "registration": ("apply",),  # the registration methods a target lacks are built beside apply
+    "parametrize": ("apply",),
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},
@@ -69,6 +74,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "XLA-FUNCTIONAL-CALL": ("functional_call",),
     "XLA-LOAD-FROM": ("load_state_dict",),
     "XLA-LOAD-INTO": ("load_state_dict",),
+    "PARAMETRIZE-CACHED": ("apply", "functional_call"),
     "XLA-SET-DATA-REFUSED": (),  # a fact about the torch build, whatever the target
     "CHECKPOINT-EXTRA-STATE": ("load_state_dict",),
     "CHECKPOINT-LOAD-HOOKS": ("load_state_dict",),

@@ -576,7 +576,8 @@ def test_exported_property_ids_are_exactly_the_catalogue():
     for family, members in vocabulary.FAMILIES.items():
         prefix = {"apply": "APPLY-", "functional_call": "FC-", "together": "TOGETHER-", "xla": "XLA-",
                   "sequences": "SEQ-", "load_state_dict": "LOAD-", "checkpoint": "CHECKPOINT-",
-                  "registration": "REGISTER-"}
+                  "registration": "REGISTER-",
+                  "parametrize": "PARAMETRIZE-"}
         assert all(m.startswith(prefix[family]) for m in members), family
 
 

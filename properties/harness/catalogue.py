@@ -18,7 +18,9 @@ PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties
                     "swapspec.properties.rules.test_sequences",
                     "swapspec.properties.rules.test_load_state_dict",
                     "swapspec.properties.rules.test_checkpoint",
-                    "swapspec.properties.rules.test_registration")
+                    "swapspec.properties.rules.test_registration",
+
+                    "swapspec.properties.rules.test_parametrize")
 
 
 def properties() -> Iterator[tuple[str, str, str]]:
