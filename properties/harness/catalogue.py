@@ -19,7 +19,6 @@ PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties
                     "swapspec.properties.rules.test_load_state_dict",
                     "swapspec.properties.rules.test_checkpoint",
                     "swapspec.properties.rules.test_registration",
-
                     "swapspec.properties.rules.test_parametrize")
 
 
