@@ -33,7 +33,8 @@ STATUSES = ("drawn", "not drawn", "excused")
 EMPTY = {"", "—", "-"}
 # Words allowed in the properties column besides IDs.
 PROPERTY_WORDS = {"—", "every property"}
-ID_TOKEN = re.compile(r"\b(?:APPLY|FC|LOAD|SEQ|TOGETHER|XLA)-[A-Z0-9-]*[A-Z0-9]\b")
+ID_TOKEN = re.compile(r"(?<![A-Z0-9-])(?:APPLY|FC|LOAD|SEQ|TOGETHER|XLA|CHECKPOINT|REGISTER|"
+                      r"PARAMETRIZE)-[A-Z0-9-]*[A-Z0-9]\b")
 N = 200
 
 
