@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import copy
 import pickle
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from swapspec.properties.harness.checker import Checker
+from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.repro import apply_repro
 from swapspec.properties.harness.target_calls import (
     call_target,
@@ -82,20 +81,6 @@ converted_unshared = modules_with_conversions(module_trees(**TREE_OPTIONS, shari
 EXAMPLES_DIVISOR = 4
 
 
-def parametrize_property(property_id: str, divisor: int = EXAMPLES_DIVISOR) -> Callable:
-    """``marking.spec_property`` with ``1/divisor`` of the profile's examples (at least one)."""
-    current = settings()
-    relax = settings(current, max_examples=max(1, current.max_examples // divisor),
-                     deadline=None, print_blob=True,
-                     suppress_health_check=[*current.suppress_health_check,
-                                            HealthCheck.too_slow, HealthCheck.data_too_large])
-
-    def mark(test: Callable) -> Callable:
-        return pytest.mark.swapspec_property(property_id)(relax(test))
-
-    return mark
-
-
 def _registration_line(path: str, name: str, kind: str) -> str:
     return (f"torch.nn.utils.parametrize.register_parametrization(module.get_submodule({path!r}), "
             f"{name!r}, make_parametrization({kind!r}))")
@@ -126,7 +111,7 @@ def _repro(example: Example, target: Any, setup: list[str], extra: list[str]):
     return partial(apply_repro, example, target, setup=setup, extra=extra)
 
 
-@parametrize_property("PARAMETRIZE-REMOVE")
+@spec_property("PARAMETRIZE-REMOVE", examples_divisor=EXAMPLES_DIVISOR)
 @given(data=st.data())
 def test_remove_after_apply(target, data):
     """After the target converts a parametrized module, ``remove_parametrizations`` leaves a
@@ -175,7 +160,7 @@ def test_remove_after_apply(target, data):
         f"{name!r}, {leave})"]))
 
 
-@parametrize_property("PARAMETRIZE-STACK")
+@spec_property("PARAMETRIZE-STACK", examples_divisor=EXAMPLES_DIVISOR)
 @given(data=st.data())
 def test_register_after_apply(target, data):
     """Registering a parametrization on a tensor of a module the target converted (the first, or
@@ -206,7 +191,7 @@ def test_register_after_apply(target, data):
     check.verdict(_repro(example, target, setup, [_registration_line(path, name, kind)]))
 
 
-@parametrize_property("PARAMETRIZE-REFUSED", divisor=EXAMPLES_DIVISOR // 2)
+@spec_property("PARAMETRIZE-REFUSED", examples_divisor=EXAMPLES_DIVISOR // 2)
 @given(data=st.data())
 def test_refused_registration_after_apply(target, data):
     """A registration ``unsafe=False`` refuses (a parametrization or ``right_inverse`` that
@@ -238,7 +223,7 @@ def test_refused_registration_after_apply(target, data):
                                                                      registration.kind)]))
 
 
-@parametrize_property("PARAMETRIZE-ASSIGN")
+@spec_property("PARAMETRIZE-ASSIGN", examples_divisor=EXAMPLES_DIVISOR)
 @given(data=st.data())
 def test_assign_after_apply(target, data):
     """Assigning a parametrized tensor of a module the target converted its own value stores it
@@ -265,7 +250,7 @@ def test_assign_after_apply(target, data):
         f"getattr(module.get_submodule({path!r}), {name!r}).detach().clone())"]))
 
 
-@parametrize_property("PARAMETRIZE-TRANSFER")
+@spec_property("PARAMETRIZE-TRANSFER", examples_divisor=EXAMPLES_DIVISOR)
 @given(data=st.data())
 def test_transfer_after_apply(target, data):
     """``transfer_parametrizations_and_params`` from a parametrized module the target converted
@@ -304,7 +289,7 @@ def _receiver(target: Any, example: Example, path: str, empty: bool) -> nn.Modul
     return None if run_converted(target, copied).error else owner_at(plain, path)
 
 
-@parametrize_property("PARAMETRIZE-CACHED")
+@spec_property("PARAMETRIZE-CACHED", examples_divisor=EXAMPLES_DIVISOR)
 @given(data=st.data())
 def test_cached_call(target, data):
     """A target functional call on a parametrized module inside ``parametrize.cached()`` returns
@@ -368,7 +353,7 @@ def _shown(outcome: Any) -> str:
     return f"a {type(outcome.result).__name__}"
 
 
-@parametrize_property("PARAMETRIZE-DEEPCOPY")
+@spec_property("PARAMETRIZE-DEEPCOPY", examples_divisor=EXAMPLES_DIVISOR)
 @given(data=st.data())
 def test_deepcopy_after_apply(target, data):
     """``copy.deepcopy`` of a parametrized module the target converted keeps every module's class
