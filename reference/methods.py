@@ -19,7 +19,8 @@ Rules common to every method:
 4. ``cuda(device)`` is ``t.cuda(device)`` per tensor; it is not exercised here (no CUDA on
    the machines the suite is checked on).
 5. The registration methods (``register_parameter``, ``register_buffer``, ``add_module``,
-   ``register_module``, ``setattr``, ``delattr``) are ``reference.registration``'s: they convert
+   ``register_module``, ``setattr``, ``delattr``, ``register_parametrization``) are
+   ``reference.registration``'s: they convert
    nothing, so they never call ``apply`` and ignore the flags.
 """
 
@@ -212,6 +213,7 @@ class Methods:
     register_module = staticmethod(registration.register_module)
     setattr = staticmethod(registration.setattr)
     delattr = staticmethod(registration.delattr)
+    register_parametrization = staticmethod(registration.register_parametrization)
 
 
 def _reference_apply(module: nn.Module, fn: Callable, *, overwrite: bool | None = None,

@@ -1,6 +1,6 @@
 """Reference module registration: ``register_parameter``, ``register_buffer``, ``add_module``,
-``register_module``, ``setattr`` and ``delattr`` on an ``nn.Module``, and the ``swap_tensors``
-the swap paths use.
+``register_module``, ``setattr``, ``delattr`` and ``register_parametrization`` on an
+``nn.Module``, and the ``swap_tensors`` the swap paths use.
 
 Rules:
 
@@ -30,10 +30,17 @@ Rules:
    and each named by its cause (``RuntimeError``): a weak reference to either tensor, different
    ``__slots__``, a TensorImpl held elsewhere than by its object and its own AccumulateGrad
    node (a view, a saved tensor). Both tensors are left as they were.
+7. ``register_parametrization(module, name, parametrization, unsafe=False)`` is
+   ``torch.nn.utils.parametrize.register_parametrization`` with rule 1: a first registration's
+   ``unsafe=False`` checks (``right_inverse`` keeps the dtype, the parametrization keeps the
+   dtype and shape...) run on a copy of the tensor (a plain one for a wrapper subclass) and of
+   the parametrization before anything is written, so a refused registration raises torch's ``ValueError`` and leaves the module and
+   the parametrization as they were.
 """
 
 from __future__ import annotations
 
+import copy
 import copyreg
 import weakref
 from typing import Any
@@ -42,11 +49,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 from torch.nn.parameter import Buffer, Parameter
+from torch.nn.utils import parametrize
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.reference.apply import _held_by_own_node
 
 REGISTRATION_METHODS = ("register_parameter", "register_buffer", "add_module",
-                        "register_module", "setattr", "delattr")
+                        "register_module", "setattr", "delattr", "register_parametrization")
 
 
 def _hooks(kind: str) -> dict:
@@ -252,3 +261,40 @@ def swap_tensors(t1: Tensor, t2: Tensor) -> None:
                 f"Expected use_count of {label} to be 1 or 2 with an AccumulateGrad node but got "
                 f"{count} make sure you are not holding references to the tensor in other places.")
     torch.utils.swap_tensors(t1, t2)
+
+
+def register_parametrization(module: nn.Module, tensor_name: str, parametrization: nn.Module,
+                             *, unsafe: bool = False, overwrite: bool | None = None,
+                             swap: bool | None = None) -> nn.Module:
+    """``parametrize.register_parametrization(module, tensor_name, parametrization,
+    unsafe=unsafe)`` (rule 7); the flags are ignored."""
+    if not unsafe and not parametrize.is_parametrized(module, tensor_name):
+        _probe_first_parametrization(module, tensor_name, parametrization)
+    return parametrize.register_parametrization(module, tensor_name, parametrization,
+                                                unsafe=unsafe)
+
+
+def _probe_first_parametrization(module: nn.Module, tensor_name: str,
+                                 parametrization: nn.Module) -> None:
+    """Raise what torch's first registration would raise, on a module holding a copy of the
+    tensor and with a copy of the parametrization: torch writes ``right_inverse``'s result into
+    the tensor before its forward checks, which the real module must not see."""
+    tensor = module._parameters.get(tensor_name, module._buffers.get(tensor_name))
+    if not isinstance(tensor, Tensor):
+        return  # torch's own error (no such tensor) changes nothing
+    probe = nn.Module()
+    copied = _probe_copy(tensor.detach())
+    if tensor_name in module._parameters:
+        probe.register_parameter(tensor_name, Parameter(copied, tensor.requires_grad))
+    else:
+        probe.register_buffer(tensor_name, copied)
+    parametrize.register_parametrization(probe, tensor_name, copy.deepcopy(parametrization))
+
+
+def _probe_copy(tensor: Tensor) -> Tensor:
+    """A copy of ``tensor`` for the probe: a plain tensor of its dtype, shape and device where it
+    is a traceable wrapper subclass (torch's checks read only those, and a wrapper's write goes
+    through ``swap_tensors``, which a view-returning ``right_inverse`` makes refuse)."""
+    if is_traceable_wrapper_subclass(tensor):
+        return torch.zeros(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return tensor.clone()

@@ -94,10 +94,6 @@ BAD_WORDS = {
     "inverse-device": "device", "bad-element": "tensor", "missing-name": "sw_missing",
 }
 BAD = tuple(BAD_WORDS)
-# First registrations whose right_inverse has already been written into the tensor when a
-# forward check refuses it (torch 2.13 sets ``original`` before the checks): not drawn first,
-# as no target's operation decides what ``register_parametrization`` does (see the report).
-WRITES_BEFORE_CHECK = ("inverse-shape",)
 MISSING_NAME = "sw_missing"
 
 
@@ -133,8 +129,8 @@ def good_parametrizations(*, stacked: bool) -> st.SearchStrategy[str]:
 
 def bad_registrations(*, stacked: bool) -> st.SearchStrategy[Registration]:
     """A :class:`Registration` torch refuses, of a kind of ``BAD`` (``stacked``: one a stacked
-    registration is refused for; first: none of ``WRITES_BEFORE_CHECK``)."""
-    excluded = FIRST_ONLY if stacked else WRITES_BEFORE_CHECK
+    registration is refused for, or any first)."""
+    excluded = FIRST_ONLY if stacked else ()
     kinds = [k for k in BAD if k not in excluded]
     return st.sampled_from(kinds).map(_reported).map(lambda k: Registration(k, stacked))
 

@@ -18,7 +18,6 @@ from swapspec.strategies.parametrizations import (
     FIRST_ONLY,
     GOOD,
     MISSING_NAME,
-    WRITES_BEFORE_CHECK,
     bad_registrations,
     good_parametrizations,
     make_parametrization,
@@ -49,8 +48,8 @@ def test_good_kinds_read_the_modelled_value(kind, stacked):
 @pytest.mark.parametrize("stacked", [False, True])
 @pytest.mark.parametrize("kind", BAD)
 def test_bad_kinds_are_refused_naming_the_problem(kind, stacked):
-    if kind in (FIRST_ONLY if stacked else WRITES_BEFORE_CHECK):
-        pytest.skip(f"{kind} is not drawn {'stacked' if stacked else 'first'}")
+    if stacked and kind in FIRST_ONLY:
+        pytest.skip(f"{kind} is not drawn stacked (torch checks it on a first registration only)")
     m = _linear()
     if stacked:
         parametrize.register_parametrization(m, "weight", make_parametrization("negate"))
@@ -68,5 +67,50 @@ def test_draws_respect_first_only_kinds(stacked: bool, data: st.DataObject):
     assert kind in GOOD and registration.kind in BAD and registration.stacked == stacked
     if stacked:
         assert kind not in FIRST_ONLY and registration.kind not in FIRST_ONLY
-    else:
-        assert registration.kind not in WRITES_BEFORE_CHECK
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_the_reference_refuses_a_first_registration_without_writing(kind):
+    """Rule (reference rule 7): a first registration ``unsafe=False`` refuses raises torch's
+    ``ValueError`` and leaves the tensor as it was (torch writes ``right_inverse``'s result into
+    it before its forward checks: the torch declaration's case, ``inverse-shape``)."""
+    from swapspec import reference
+
+    m = _linear()
+    before = m.weight.detach().clone()
+    name = MISSING_NAME if kind == "missing-name" else "weight"
+    with pytest.raises((ValueError, AttributeError)) as raised:
+        reference.registration.register_parametrization(m, name, make_parametrization(kind))
+    if kind != "missing-name":
+        assert BAD_WORDS[kind] in str(raised.value).lower()
+    assert not parametrize.is_parametrized(m) and torch.equal(m.weight, before)
+    assert m.weight.shape == before.shape
+
+
+def test_torch_writes_a_refused_first_registration_into_the_tensor():
+    """The torch behaviour the declaration ``torch.parametrize.refused-first-writes`` names:
+    ``inverse-shape`` refused, the weight already flattened."""
+    m = _linear()
+    before = m.weight.detach().clone()
+    with pytest.raises(ValueError):
+        parametrize.register_parametrization(m, "weight", make_parametrization("inverse-shape"))
+    assert m.weight.shape != before.shape
+
+
+def test_the_reference_refuses_on_a_wrapper_subclass_with_the_checks_error():
+    """Rule (reference rule 7): on a traceable wrapper subclass the refusal is the checks'
+    ``ValueError`` (torch raises ``swap_tensors``' ``RuntimeError``: the declaration
+    ``torch.parametrize.refused-first-swap-refused``), and the tensor is left as it was."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from swapspec import reference
+
+    m = _linear()
+    m.weight = torch.nn.Parameter(TwoTensor(m.weight.detach(), m.weight.detach().clone()))
+    before = m.weight
+    with pytest.raises(ValueError, match="shape"):
+        reference.registration.register_parametrization(m, "weight",
+                                                        make_parametrization("inverse-shape"))
+    assert m.weight is before and not parametrize.is_parametrized(m)
+    with pytest.raises(RuntimeError, match="use_count"):
+        parametrize.register_parametrization(m, "weight", make_parametrization("inverse-shape"))

@@ -193,6 +193,8 @@ TORCH_METHOD = [
     "    try:",
     "        if name in ('setattr', 'delattr'):  # setattr(module, name, value)",
     "            return (setattr if name == 'setattr' else delattr)(module, *args, **kwargs)",
+    "        if name == 'register_parametrization':",
+    "            return torch.nn.utils.parametrize.register_parametrization(module, *args, **kwargs)",
     "        return getattr(module, name)(*args, **kwargs)",
     "    finally:",
     "        future.set_overwrite_module_params_on_conversion(saved[0])",

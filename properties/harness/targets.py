@@ -84,6 +84,7 @@ from swapspec.properties.declarations.torch import (
 )
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
+from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
 from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
 from swapspec.properties.declarations.xla import XLA_DEVIATIONS
 from swapspec.properties.vocabulary import Deviation
@@ -212,7 +213,9 @@ def torch_apply(
         return module._apply(fn, recurse=recurse)
 
 
-BUILTIN_FORMS = {"setattr": setattr, "delattr": delattr}
+# torch's registration forms that are not methods of the module
+BUILTIN_FORMS = {"setattr": setattr, "delattr": delattr,
+                 "register_parametrization": torch.nn.utils.parametrize.register_parametrization}
 
 
 class TorchMethods:
@@ -225,7 +228,7 @@ class TorchMethods:
 
         def call(module: nn.Module, *args: Any, overwrite: bool, swap: bool, **kwargs: Any) -> Any:
             with torch_future_flags(overwrite=overwrite, swap=swap):
-                if name in BUILTIN_FORMS:  # setattr(module, name, value), delattr(module, name)
+                if name in BUILTIN_FORMS:  # setattr(module, name, value), ...
                     return BUILTIN_FORMS[name](module, *args, **kwargs)
                 return getattr(module, name)(*args, **kwargs)
 
@@ -267,7 +270,7 @@ def builtin_target(name: str) -> Target:
         return Target("torch", torch_apply, torch.func.functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
-                                  + REGISTRATION_DEVIATIONS),
+                                  + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
@@ -275,7 +278,7 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
-                                  + REGISTRATION_DEVIATIONS),
+                                  + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)

@@ -87,10 +87,11 @@ def _registration_line(path: str, name: str, kind: str) -> str:
 
 
 def _prepared(target: Any, data: st.DataObject, property_id: str, *, good: bool = True,
-              drawn: st.SearchStrategy = converted):
+              bad: bool = False, drawn: st.SearchStrategy = converted):
     """``(example, check, path, name, setup)``: a drawn tree whose matrix got a drawn good
     parametrization (unless not ``good``), converted by the target (an example whose conversion
-    the target refuses is not drawn: ``APPLY-`` properties judge those)."""
+    the target refuses is not drawn: ``APPLY-`` properties judge those). With ``bad``, a
+    registration ``unsafe=False`` refuses is drawn too, as the example's ``method``."""
     module, conversion = data.draw(drawn, label="module and conversion")
     path, name = matrix_slot(module)
     owner = owner_at(module, path)
@@ -100,7 +101,10 @@ def _prepared(target: Any, data: st.DataObject, property_id: str, *, good: bool 
                          label="parametrization")
         parametrize.register_parametrization(owner, name, make_parametrization(kind))
         setup.append(_registration_line(path, name, kind))
-    example = Example(module, conversion=conversion, flags=data.draw(flag_settings(), label="flags"))
+    registration = data.draw(bad_registrations(stacked=parametrize.is_parametrized(owner, name)),
+                             label="registration") if bad else None
+    example = Example(module, conversion=conversion, flags=data.draw(flag_settings(), label="flags"),
+                      method=registration)
     check = Checker(property_id, target, example)
     outcome = run_converted(target, example)
     assume(outcome.error is None)
@@ -194,7 +198,8 @@ def test_register_after_apply(target, data):
 @spec_property("PARAMETRIZE-REFUSED", examples_divisor=EXAMPLES_DIVISOR // 2)
 @given(data=st.data())
 def test_refused_registration_after_apply(target, data):
-    """A registration ``unsafe=False`` refuses (a parametrization or ``right_inverse`` that
+    """A registration ``unsafe=False`` refuses, through the target's ``register_parametrization``
+    (a parametrization or ``right_inverse`` that
     changes the dtype or shape or returns no tensor, a ``right_inverse`` that moves the tensor
     or returns a bad sequence, a name the module lacks), on a module the target converted,
     raises ``ValueError`` naming the problem and leaves the module exactly as it was: classes,
@@ -203,14 +208,15 @@ def test_refused_registration_after_apply(target, data):
     Origin: ``register_parametrization``'s documentation (``unsafe=False`` checks consistency
     at registration); swapspec spec (bad input leaves the module as it was).
     """
-    example, check, path, name, setup = _prepared(target, data, "PARAMETRIZE-REFUSED", good=False)
+    example, check, path, name, setup = _prepared(target, data, "PARAMETRIZE-REFUSED", good=False,
+                                                  bad=True)
     module, owner = example.module, owner_at(example.module, path)
-    registration: Registration = data.draw(
-        bad_registrations(stacked=parametrize.is_parametrized(owner, name)), label="registration")
+    registration: Registration = example.method
     target_name = MISSING_NAME if registration.kind == "missing-name" else name
     before, state, shape = snapshot_for_load(module), module_state(module), layout(module)
-    outcome = attempt(lambda: parametrize.register_parametrization(
-        owner, target_name, make_parametrization(registration.kind)))
+    register = target.method("register_parametrization")
+    outcome = attempt(lambda: register(owner, target_name, make_parametrization(registration.kind),
+                                       overwrite=False, swap=False))
     word = BAD_WORDS[registration.kind]
     check.that(isinstance(outcome.error, ValueError) and word in str(outcome.error).lower(),
                "error", f"expected a ValueError naming {word!r}, got {outcome.error!r}")
@@ -219,8 +225,9 @@ def test_refused_registration_after_apply(target, data):
     check.that(layout(module) == shape, "changed",
                f"the refused registration changed classes or parametrizations: {layout(module)}")
     check_untouched(check, state, module, "changed")
-    check.verdict(_repro(example, target, setup, [_registration_line(path, target_name,
-                                                                     registration.kind)]))
+    check.verdict(_repro(example, target, setup, [
+        f"target_method(module.get_submodule({path!r}), 'register_parametrization', False, False, "
+        f"{target_name!r}, make_parametrization({registration.kind!r}))"]))
 
 
 @spec_property("PARAMETRIZE-ASSIGN", examples_divisor=EXAMPLES_DIVISOR)
