@@ -65,9 +65,11 @@ class CallInput:
     # Keywords the target under test does not take: fixed to what a call without them means,
     # and left out of the repr (a falsifying example never shows an option the target lacks).
     lacking: frozenset[str] = field(default_factory=frozenset, compare=False)
+    # The target's designs (``Target.designs``) the oracle judges the call by; not shown.
+    designs: frozenset[str] = field(default_factory=frozenset, compare=False)
 
     def _shown(self) -> dict[str, Any]:
-        hidden = {"lacking", *self.lacking}
+        hidden = {"lacking", "designs", *self.lacking}
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
         shown["features"] = frozenset(t for t in self.features
                                       if t.partition("=")[0] not in self.lacking)

@@ -346,6 +346,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     if pid in target.skips:
         pytest.skip(f"{target.name} declares a skip for {pid}: {target.skips[pid]}")
+    by_design = target.design_skip(pid)
+    if by_design is not None:
+        pytest.skip(f"{target.name} skips {pid}: {by_design}")
     missing = target.missing(vocabulary.NEEDS.get(pid, ()))
     if missing:
         pytest.skip(f"{target.name} does not implement {' or '.join(missing)}")

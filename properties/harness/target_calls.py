@@ -57,21 +57,37 @@ WITHOUT_KEYWORD = {"tie_weights": False, "strict": False}
 
 
 def target_call_inputs(target: Any, module: nn.Module, **options: Any):
-    """``call_inputs`` drawing only what ``target`` takes: its ``call_forms``, and each keyword it
-    lacks (``Target.has``) fixed to what a call without it means (``WITHOUT_KEYWORD``), so the
-    oracle judges the call by those rules."""
+    """``call_inputs`` drawing only what ``target`` takes: its ``call_forms``, each keyword it
+    lacks (``Target.has``) fixed to what a call without it means (``WITHOUT_KEYWORD``), and
+    only the calls its designs admit (``design_options``), each call carrying those designs so
+    the oracle judges it by the target's rules."""
     fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
-    lacking = frozenset(fixed)
-    drawn = call_inputs(module, forms=target.call_forms, **{**options, **fixed})
-    return drawn.map(lambda call: dataclasses.replace(call, lacking=lacking)) if lacking else drawn
+    marks = {k: v for k, v in (("lacking", frozenset(fixed)), ("designs", target.designs)) if v}
+    options = {**options, **design_options(target.designs, options), **fixed}
+    drawn = call_inputs(module, forms=target.call_forms, **options)
+    return drawn.map(lambda call: dataclasses.replace(call, **marks)) if marks else drawn
+
+
+def design_options(designs: frozenset[str], options: dict[str, Any]) -> dict[str, Any]:
+    """``call_inputs`` options a target's designs (``targets.DESIGNS``) impose on a draw:
+    ``registered-names-only`` draws no unknown name into a valid call (one drawn to be bad may
+    hold one: the target must refuse it), ``no-input-checks`` draws only valid calls without
+    conflicting values."""
+    imposed: dict[str, Any] = {}
+    if "registered-names-only" in designs and options.get("valid") and not options.get("invalid"):
+        imposed["unknown_names"] = False
+    if "no-input-checks" in designs:
+        imposed.update(valid=True, invalid=False, conflicts=False)
+    return imposed
 
 
 def fixed_keywords(target: Any) -> dict[str, Any]:
     """``CallInput`` fields for a call a property builds itself: each keyword ``target`` lacks
     fixed to what a call without it means (so the oracle judges it by the target's rules), and
-    named in ``lacking`` (so it is not shown)."""
+    named in ``lacking`` (so it is not shown); the target's designs in ``designs``."""
     fixed = {k: v for k, v in WITHOUT_KEYWORD.items() if not target.has(k)}
-    return {**fixed, "lacking": frozenset(fixed)} if fixed else {}
+    designs = {"designs": target.designs} if target.designs else {}
+    return {**fixed, "lacking": frozenset(fixed), **designs} if fixed else designs
 
 
 def call_target(target: Any, module: nn.Module, tensors: Any, args: tuple, kwargs: dict, *,

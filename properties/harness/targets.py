@@ -40,6 +40,9 @@ and optionally the data the suite reads next to it:
   of the host's own tensor classes (a subclass of a class listed uses its function). Without
   one, values compare through torch's ops, and two tensors of one traceable wrapper subclass
   that lacks them compare by their parts (``properties.models.examples.same_values``);
+- ``designs``: names from ``DESIGNS``, the functional-call designs it follows where torch's
+  differs (``{"registered-names-only", "no-write-back"}``); the properties draw and judge
+  accordingly, with no predicate written by the host;
 - ``coverage_modules``: the modules (importable names; a package stands for every file in it)
   whose functions ``--swapspec-coverage`` measures; default: the module the target is loaded
   from.
@@ -99,6 +102,24 @@ FEATURES: dict[str, str] = {
     "tuple_inputs": "functional_call taking a tuple of dicts",
     "load_state_dict": "load_state_dict(module, state_dict, *, strict, assign, swap)",
 }
+# Functional-call designs of real libraries where torch's differs (``Target.designs``): what
+# each means, and how the properties draw and judge a target that follows it.
+DESIGNS: dict[str, str] = {
+    "registered-names-only": "a name that is not a registered parameter or buffer raises "
+                             "KeyError naming it (torch sets it as a plain attribute for the "
+                             "call); valid calls give only registered names",
+    "no-write-back": "a buffer that forward rebinds is not written back into the caller's "
+                     "mapping, which keeps the object it gave (torch writes the new one back); "
+                     "in-place updates still land on the given tensor",
+    "no-input-checks": "inputs are not validated: only calls the spec accepts are drawn (no bad "
+                       "input, no conflicting values, no overlapping split) and torch's "
+                       "refusals of bad input (FC-BAD-INPUT) are not asked of it",
+}
+# The properties a design takes out of a target's run, with the reason reported.
+DESIGN_SKIPS: dict[str, dict[str, str]] = {
+    "no-input-checks": {"FC-BAD-INPUT": "it follows the design no-input-checks (inputs are "
+                                        "not validated)"},
+}
 CALLABLE_FEATURES = ("apply", "functional_call", "load_state_dict")
 KEYWORD_FEATURES = {"tie_weights": "functional_call", "strict": "functional_call",
                     "tuple_inputs": "functional_call"}
@@ -120,6 +141,7 @@ class Target:
     spec: str = ""  # the string that selects it, for repros; defaults to ``name``
     call_forms: tuple[str, ...] = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
     lacks: frozenset[str] = frozenset()
+    designs: frozenset[str] = frozenset()  # names from DESIGNS
     conversions: Any = None  # a strategy of Conversion, or None
     modules: Any = None  # a strategy of HostModule, or None
     exact_messages: bool = False
@@ -133,6 +155,7 @@ class Target:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lacks", frozenset(self.lacks))
+        object.__setattr__(self, "designs", frozenset(self.designs))
         modules = self.coverage_modules
         object.__setattr__(self, "coverage_modules",
                            (modules,) if isinstance(modules, str) else tuple(modules))
@@ -140,6 +163,10 @@ class Target:
         if unknown:
             raise TargetError(f"target {self.name!r} lacks unknown feature(s) {', '.join(unknown)}"
                               f"; known: {', '.join(FEATURES)}")
+        unknown = sorted(self.designs - set(DESIGNS))
+        if unknown:
+            raise TargetError(f"target {self.name!r} follows unknown design(s) "
+                              f"{', '.join(unknown)}; known: {', '.join(DESIGNS)}")
         if not any(self.has(f) for f in CALLABLE_FEATURES):
             raise TargetError(f"target {self.name!r} implements none of "
                               f"{', '.join(CALLABLE_FEATURES)}")
@@ -155,6 +182,20 @@ class Target:
         if feature in KEYWORD_FEATURES:
             return self.has(KEYWORD_FEATURES[feature])
         return getattr(self, feature, None) is not None
+
+    def follows(self, design: str) -> bool:
+        """Whether the target follows ``design`` (one of ``DESIGNS``)."""
+        if design not in DESIGNS:
+            raise KeyError(f"unknown design {design!r}; known: {', '.join(DESIGNS)}")
+        return design in self.designs
+
+    def design_skip(self, property_id: str) -> str | None:
+        """Why one of the target's designs takes ``property_id`` out of its run, else None."""
+        for design in sorted(self.designs):
+            reason = DESIGN_SKIPS.get(design, {}).get(property_id)
+            if reason is not None:
+                return reason
+        return None
 
     def method(self, name: str) -> Callable[..., Any] | None:
         """The public method ``name`` (``"to"``, ``"half"``...): the target's own, else the
@@ -300,7 +341,7 @@ def torch_declarations(*, ids: Iterable[str] = (), properties: Iterable[str] = (
     return select(found.values(), ids=ids, properties=properties, clauses=clauses)
 
 
-OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "conversions", "modules",
+OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "designs", "conversions", "modules",
                  "exact_messages", "methods", "coverage_modules", "swap_tensors",
                  "comparisons")
 
@@ -317,7 +358,7 @@ def from_object(obj: Any) -> Target:
     found = {f: getattr(obj, f) for f in (*CALLABLE_FEATURES, *OPTIONAL_DATA)
              if f in fields and getattr(obj, f, None) is not None}
     for key, kind in (("deviations", tuple), ("skips", dict), ("call_forms", tuple),
-                      ("lacks", frozenset)):
+                      ("lacks", frozenset), ("designs", frozenset)):
         if key in found:
             found[key] = kind(found[key])
     return Target(str(obj.name), **found)

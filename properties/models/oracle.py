@@ -172,11 +172,34 @@ def slot_conflict(module: nn.Module, filled: dict[str, Any]) -> ExpectedError | 
     return None
 
 
+def registered(module: nn.Module, name: str) -> bool:
+    """Whether ``name`` is a registered parameter or buffer slot (its value may be None)."""
+    found = owner_of(module, name)
+    if isinstance(found, ExpectedError) or not found[1]:
+        return False
+    owner, key = found
+    return key in owner._parameters or key in owner._buffers
+
+
+def unregistered_error(module: nn.Module, filled: dict[str, Any]) -> ExpectedError | None:
+    """The design ``registered-names-only``: a ``KeyError`` naming a given name that is not a
+    registered parameter or buffer; any other name's error (torch's, ``name_error``) is
+    accepted instead, whichever a library checks first."""
+    errors = [ExpectedError(KeyError, f"{name!r} is not a registered parameter or buffer",
+                            keys=(name,)) for name in filled if not registered(module, name)]
+    if not errors:
+        return None
+    others = [e for e in (name_error(module, n, v) for n, v in filled.items()) if e is not None]
+    return dataclasses.replace(errors[0], alternatives=(*errors[1:], *others))
+
+
 def expected_outcome(module: nn.Module, tensors: Any, *, tie_weights: bool,
-                     strict: bool) -> dict[str, Any] | ExpectedError:
+                     strict: bool, registered_only: bool = False) -> dict[str, Any] | ExpectedError:
     """The filled ``{name: value}`` the forward sees, or the error the call must raise.
 
-    Order: input form, ties, one slot one value, strict, then each name.
+    Order: input form, ties, one slot one value, strict, then each name; with
+    ``registered_only`` (the design ``registered-names-only``) a name that is not a registered
+    parameter or buffer raises ``KeyError`` (``unregistered_error``).
     """
     given = merge_inputs(tensors)
     if isinstance(given, ExpectedError):
@@ -187,6 +210,10 @@ def expected_outcome(module: nn.Module, tensors: Any, *, tie_weights: bool,
     error = slot_conflict(module, filled) or (strict_error(module, filled) if strict else None)
     if error is not None:
         return error
+    if registered_only:
+        error = unregistered_error(module, filled)
+        if error is not None:
+            return error
     for name, value in filled.items():
         error = name_error(module, name, value)
         if error is not None:

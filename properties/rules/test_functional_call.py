@@ -89,8 +89,11 @@ def _draw(data, property_id: str, target, *, module_strategy=trees, **options):
 
 
 def _expected(module, call, tensors=None) -> dict[str, Any] | ExpectedError:
+    """The oracle's outcome of ``call``, by the rules of the target it was drawn for (its
+    keywords and ``designs``)."""
     return expected_outcome(module, call.tensors if tensors is None else tensors,
-                            tie_weights=call.tie_weights, strict=call.strict)
+                            tie_weights=call.tie_weights, strict=call.strict,
+                            registered_only="registered-names-only" in call.designs)
 
 
 def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome:
@@ -354,7 +357,7 @@ def test_fc_input_forms(target, data):
     for label, outcome in outputs.items():
         check.that(same_output(outcome, outputs["dict"]), "form-differs",
                    f"the {label} form gave {_show(outcome)}, the dict gave {_show(outputs['dict'])}")
-    if items:
+    if items and not target.follows("no-input-checks"):  # the overlap refusal is an input check
         overlap = (dict(items[:cut + 1]), dict(items[max(cut, 1) - 1:]))
         expected = merge_inputs(overlap)
         before = module_state(module)
@@ -402,7 +405,8 @@ def _clone_inputs(tensors):
 def test_fc_write_back(target, data):
     """A slot rebound in forward is written into the caller's mapping; in-place updates land on the caller's tensor.
 
-    Origin: ``torch.func.functional_call`` docs (in-place updates are reflected in the
+    A target that follows the design ``no-write-back`` is held to the opposite for a rebind:
+    the caller's mapping keeps the object it gave. Origin: ``torch.func.functional_call`` docs (in-place updates are reflected in the
     dict); the tuple-of-dicts rule is swapspec's: the dict the key came from.
     """
     module, call, example, check = _draw(data, "FC-WRITE-BACK", target, valid=True,
@@ -432,6 +436,11 @@ def test_fc_write_back(target, data):
         if now is loaded_objects[name]:
             check.that(caller is given[name] and same_values(caller, now), "in-place-lost",
                        f"the in-place update of {name!r} did not land on the caller's tensor",
+                       code=f"entries(tensors)[{name!r}] is given[{name!r}]")
+        elif target.follows("no-write-back"):
+            check.that(caller is given[name], "written-back",
+                       f"forward rebound {name!r} and the caller's mapping got the new object, "
+                       "but the target follows the design no-write-back",
                        code=f"entries(tensors)[{name!r}] is given[{name!r}]")
         else:
             check.that(caller is not given[name] and same_values(caller, now), "rebind-lost",
@@ -576,7 +585,9 @@ def test_fc_parametrized_names(target, data):
     assume(attributes)
     path, name = data.draw(st.sampled_from(attributes), label="attribute")
     owner = module.get_submodule(path) if path else module
-    disable = data.draw(st.booleans(), label="under its own name")
+    # a target with registered-names-only refuses the attribute's own name: not a registered slot
+    disable = (not target.follows("registered-names-only")
+               and data.draw(st.booleans(), label="under its own name"))
     key, value, expected = _parametrized_input(owner, path, name, disable, data)
     (x,) = data.draw(forward_inputs(), label="x")
     x = x.to("meta") if meta_built(module) else x

@@ -63,7 +63,8 @@ def test_functional_call_on_converted_module(target, data):
     check = Checker("TOGETHER-CONVERTED-CALL", target, example)
     before = module_state(module)
     filled = expected_outcome(module, call.tensors, tie_weights=call.tie_weights,
-                              strict=call.strict)
+                              strict=call.strict,
+                              registered_only="registered-names-only" in call.designs)
     assume(not isinstance(filled, ExpectedError))
     replaced = replaced_originals(module, filled)
     reached = {slot_of(module, n) for n in filled}
