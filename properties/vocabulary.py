@@ -50,10 +50,11 @@ PARAMETRIZE = (
     "PARAMETRIZE-ASSIGN", "PARAMETRIZE-CACHED", "PARAMETRIZE-DEEPCOPY", "PARAMETRIZE-REFUSED",
     "PARAMETRIZE-REMOVE", "PARAMETRIZE-STACK", "PARAMETRIZE-TRANSFER",
 )
+ACCESSOR = ("ACCESSOR-DEL", "ACCESSOR-GET", "ACCESSOR-REFUSED", "ACCESSOR-SET", "ACCESSOR-SWAP")
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
     "sequences": SEQUENCES, "load_state_dict": LOAD, "checkpoint": CHECKPOINT,
-    "registration": REGISTRATION, "parametrize": PARAMETRIZE,
+    "registration": REGISTRATION, "parametrize": PARAMETRIZE, "accessor": ACCESSOR,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 
@@ -66,6 +67,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "checkpoint": ("apply",),
     "registration": ("apply",),  # the registration methods a target lacks are built beside apply
     "parametrize": ("apply",),
+    "accessor": ("apply",),  # torch's accessor, on modules the target's apply converted
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},

@@ -34,7 +34,7 @@ EMPTY = {"", "—", "-"}
 # Words allowed in the properties column besides IDs.
 PROPERTY_WORDS = {"—", "every property"}
 ID_TOKEN = re.compile(r"(?<![A-Z0-9-])(?:APPLY|FC|LOAD|SEQ|TOGETHER|XLA|CHECKPOINT|REGISTER|"
-                      r"PARAMETRIZE)-[A-Z0-9-]*[A-Z0-9]\b")
+                      r"PARAMETRIZE|ACCESSOR)-[A-Z0-9-]*[A-Z0-9]\b")
 N = 200
 
 

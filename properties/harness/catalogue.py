@@ -19,7 +19,8 @@ PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties
                     "swapspec.properties.rules.test_load_state_dict",
                     "swapspec.properties.rules.test_checkpoint",
                     "swapspec.properties.rules.test_registration",
-                    "swapspec.properties.rules.test_parametrize")
+                    "swapspec.properties.rules.test_parametrize",
+                    "swapspec.properties.rules.test_accessor")
 
 
 def properties() -> Iterator[tuple[str, str, str]]:
