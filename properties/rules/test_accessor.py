@@ -163,13 +163,28 @@ def test_get_by_dotted_name(target, data):
             if no_error(check, sub, f"get_submodule({path!r}), {turn}"):
                 check.that(sub.result is child, "submodule",
                            f"get_submodule({path!r}) ({turn}) gave another module")
+    registered = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+    registered += [n for n, _ in module.named_buffers(remove_duplicate=False)]
+    keys = attempt(lambda: accessor.check_keys([*registered[1:], "acc_unknown"]))
+    if no_error(check, keys, "check_keys"):
+        check.that(keys.result == (sorted(registered[:1]), ["acc_unknown"]), "check-keys",
+                   f"check_keys without {registered[:1]} and with 'acc_unknown' gave "
+                   f"{keys.result}")
     for dup in (True, False):
-        for what in ("named_parameters", "named_buffers", "named_modules"):
+        for what in ("named_parameters", "named_buffers", "named_tensors", "named_modules"):
             mine = [(n, id(t)) for n, t in getattr(accessor, what)(remove_duplicate=dup)]
-            theirs = [(n, id(t)) for n, t in getattr(module, what)(remove_duplicate=dup)]
+            theirs = [(n, id(t)) for n, t in _module_listing(module, what, dup)]
             check.that(mine == theirs, "listing",
                        f"accessor.{what}(remove_duplicate={dup}) differs from the module's")
     check.verdict(_repro(example, target, [f"got = accessor.get_tensors({names!r})"]))
+
+
+def _module_listing(module: nn.Module, what: str, dup: bool) -> list[tuple[str, Any]]:
+    """The module's own listing ``what`` (``named_tensors``: its parameters, then buffers)."""
+    if what == "named_tensors":
+        return [*module.named_parameters(remove_duplicate=dup),
+                *module.named_buffers(remove_duplicate=dup)]
+    return list(getattr(module, what)(remove_duplicate=dup))
 
 
 SET_FORMS = ("set_tensor", "set_tensors", "set_tensors_dict")
@@ -180,7 +195,7 @@ def _set(accessor: NamedMemberAccessor, form: str, values: dict[str, Any]) -> No
         for name, value in values.items():
             accessor.set_tensor(name, value)
     elif form == "set_tensors":
-        accessor.set_tensors(list(values), list(values.values()))
+        accessor.set_tensors(values.keys(), values.values())  # iterables, not lists
     else:
         accessor.set_tensors_dict(values)
 
@@ -189,7 +204,7 @@ def _set_code(form: str, names: list[str]) -> str:
     if form == "set_tensor":
         return f"for n in {names!r}:\n    accessor.set_tensor(n, values[n])"
     if form == "set_tensors":
-        return f"accessor.set_tensors({names!r}, [values[n] for n in {names!r}])"
+        return "accessor.set_tensors(values.keys(), values.values())"
     return "accessor.set_tensors_dict(values)"
 
 
@@ -254,7 +269,7 @@ def _swap(accessor: NamedMemberAccessor, form: str, values: dict[str, Any]) -> l
     if form == "swap_tensor":
         return [accessor.swap_tensor(n, v) for n, v in values.items()]
     if form == "swap_tensors":
-        return accessor.swap_tensors(list(values), list(values.values()))
+        return accessor.swap_tensors(values.keys(), values.values())  # iterables, not lists
     old, missing = accessor.swap_tensors_dict(values)
     assert not missing, f"swap_tensors_dict reported registered names missing: {missing}"
     return [old[n] for n in values]
@@ -390,6 +405,12 @@ def bad_calls(module: nn.Module, name: str | None) -> list[BadCall]:
                 "nope"),
         BadCall("not-a-module", f"accessor.swap_submodule({owner or 'x'!r}, 3)", TypeError,
                 "Module"),
+        BadCall("empty-name", f"accessor.swap_tensor({dot!r}, torch.ones(2))", KeyError, "empty"),
+        BadCall("empty-name", f"accessor.set_tensor({dot!r}, torch.ones(2))", KeyError, "empty"),
+        BadCall("empty-name", f"accessor.swap_submodule({dot!r}, torch.nn.Identity())", KeyError,
+                "empty"),
+        BadCall("missing-key", f"accessor.swap_tensors_dict({{{dot + 'nope'!r}: "
+                "torch.nn.Parameter(torch.ones(2))})", RuntimeError, "nope"),
     ]
     if name is not None:
         calls += [
@@ -400,6 +421,9 @@ def bad_calls(module: nn.Module, name: str | None) -> list[BadCall]:
                     "Module"),
             BadCall("missing-key", f"accessor.swap_tensors_dict({{{name!r}: torch.ones(2), "
                     f"'nope': torch.ones(2)}})", RuntimeError, "nope"),
+            BadCall("lengths", f"accessor.set_tensors([{name!r}], [])", AssertionError, "length"),
+            BadCall("lengths", f"accessor.swap_tensors([{name!r}], [])", AssertionError,
+                    "length"),
             BadCall("not-a-tensor-in-dict", f"accessor.swap_tensors_dict({{{name!r}: "
                     f"torch.ones(2), 'training': torch.ones(2)}}, allow_missing=True)",
                     TypeError, "Tensor"),
@@ -423,7 +447,16 @@ def test_refused_call_leaves_module_as_it_was(target, data):
     module = example.module
     names = distinct_slots(module)
     name = data.draw(st.sampled_from(names), label="slot") if names else None
-    call = data.draw(st.sampled_from(bad_calls(module, name)), label="call")
+    calls = bad_calls(module, name)
+    for call in calls:  # each on a fresh accessor: a few microseconds each
+        _check_refused(check, module, call)
+    check.verdict(_repro(example, target, [
+        line for call in calls for line in
+        ("try:", f"    {call.code}", "except Exception as e:", "    print('refused:', e)")]))
+
+
+def _check_refused(check: Checker, module: nn.Module, call: BadCall) -> None:
+    """Clauses ``accepted``, ``wrong-error``, ``unclear-message``, ``changed-on-error``."""
     world, before = invariants.world([module]), registration_state(module)
     accessor = NamedMemberAccessor(module)
     error = attempt(lambda: eval(call.code, {"torch": torch, "accessor": accessor})).error
@@ -438,5 +471,3 @@ def test_refused_call_leaves_module_as_it_was(target, data):
         check.that(False, v.clause, f"{call.code} raised, yet {v.message}")
     check.that(registration_state(module) == before, "changed-on-error",
                f"{call.code} raised, yet a registry or __dict__ changed")
-    check.verdict(_repro(example, target, [
-        "try:", f"    {call.code}", "except Exception as e:", "    print('refused:', e)"]))
