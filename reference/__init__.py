@@ -31,6 +31,7 @@ The suite checks them after every one-shot property and every step of every sequ
 """
 
 from swapspec.reference import methods, registration
+from swapspec.reference.accessor import NamedMemberAccessor
 from swapspec.reference.apply import apply, choose_path
 from swapspec.reference.flags import (
     flags,
@@ -72,10 +73,13 @@ from swapspec.reference.overrides import (
 from swapspec.reference.registration import swap_tensors
 
 name = "reference"
+accessor = NamedMemberAccessor  # NamedMemberAccessor(module): the spec's accessor
 
 __all__ = [
     "ApplyOverrideError",
     "Methods",
+    "NamedMemberAccessor",
+    "accessor",
     "add_module",
     "apply",
     "bfloat16",

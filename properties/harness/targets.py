@@ -32,6 +32,9 @@ and optionally the data the suite reads next to it:
 - ``swap_tensors``: the ``swap_tensors(t1, t2)`` its swap paths use (default
   ``torch.utils.swap_tensors``; the reference's checks its refusals first), which the
   ``REGISTER-SWAP-REFUSED`` property holds to its refusals;
+- ``accessor``: the class whose instance ``accessor(module)`` reads and writes a module's tensors
+  and children by dotted name (default torch's ``NamedMemberAccessor``; the reference's makes
+  every batched write atomic), which the ``ACCESSOR-`` properties hold to its rules;
 - ``exact_messages``: True to be held to torch's exact error type and wording (the built-in
   targets are). Otherwise an error is checked by type, by the keys its message names and by the
   module being left untouched (``properties.models.oracle.ExpectedError``), so a host need not copy
@@ -77,6 +80,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils._named_member_accessor import NamedMemberAccessor
 
 from swapspec import reference
 from swapspec.properties.declarations import select
@@ -85,6 +89,7 @@ from swapspec.properties.declarations.torch import (
     TORCH_DEVIATIONS,
     TORCH_METHOD_DEVIATIONS,
 )
+from swapspec.properties.declarations.torch_accessor import ACCESSOR_DEVIATIONS
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
@@ -148,6 +153,7 @@ class Target:
     methods: Any = None  # nn.Module's public methods; see the module docstring
     coverage_modules: tuple[str, ...] = ()  # --swapspec-coverage's scope; () = its own module
     swap_tensors: Callable[[Any, Any], None] = torch.utils.swap_tensors
+    accessor: Callable[[nn.Module], Any] = NamedMemberAccessor
     comparisons: Any = None  # {tensor class: same(a, b)}: how values of the host's classes compare
     # The five invariants of every operation (``models.invariants``) are checked on this target;
     # ``SWAPSPEC_INVARIANTS=1``/``0`` turns them on/off for every target.
@@ -311,7 +317,8 @@ def builtin_target(name: str) -> Target:
         return Target("torch", torch_apply, torch.func.functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
-                                  + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS),
+                                  + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
+                                  + ACCESSOR_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
@@ -319,7 +326,8 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
-                                  + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS),
+                                  + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
+                                  + ACCESSOR_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)
@@ -342,7 +350,7 @@ def torch_declarations(*, ids: Iterable[str] = (), properties: Iterable[str] = (
 
 
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "designs", "conversions", "modules",
-                 "exact_messages", "methods", "coverage_modules", "swap_tensors",
+                 "exact_messages", "methods", "coverage_modules", "swap_tensors", "accessor",
                  "comparisons")
 
 

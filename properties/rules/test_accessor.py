@@ -20,11 +20,10 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import nn
-from torch.nn.utils._named_member_accessor import NamedMemberAccessor
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
-from swapspec.properties.harness.repro import apply_repro
+from swapspec.properties.harness.repro import apply_repro, is_torch
 from swapspec.properties.harness.target_calls import run_converted
 from swapspec.properties.models import invariants
 from swapspec.properties.models.examples import Example, slots
@@ -57,9 +56,17 @@ def _prepared(target: Any, data: st.DataObject, property_id: str):
     return example, check
 
 
+def accessor_lines(target: Any) -> list[str]:
+    """Repro lines that make ``accessor`` on ``module``: torch's for the torch targets, else the
+    target's own (loaded by its selector)."""
+    if is_torch(target):
+        return [ACCESSOR, "accessor = NamedMemberAccessor(module)"]
+    return ["from swapspec.properties.harness.targets import load_target",
+            f"accessor = load_target({target.selector!r}).accessor(module)"]
+
+
 def _repro(example: Example, target: Any, lines: list[str]):
-    return partial(apply_repro, example, target,
-                   extra=[ACCESSOR, "accessor = NamedMemberAccessor(module)", *lines])
+    return partial(apply_repro, example, target, extra=[*accessor_lines(target), *lines])
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -145,7 +152,7 @@ def test_get_by_dotted_name(target, data):
     example, check = _prepared(target, data, "ACCESSOR-GET")
     module = example.module
     table = slots(module)
-    accessor = NamedMemberAccessor(module)
+    accessor = target.accessor(module)
     names = list(table)
     got = attempt(lambda: accessor.get_tensors(names))
     if no_error(check, got, "get_tensors of every slot name"):
@@ -190,7 +197,7 @@ def _module_listing(module: nn.Module, what: str, dup: bool) -> list[tuple[str, 
 SET_FORMS = ("set_tensor", "set_tensors", "set_tensors_dict")
 
 
-def _set(accessor: NamedMemberAccessor, form: str, values: dict[str, Any]) -> None:
+def _set(accessor: Any, form: str, values: dict[str, Any]) -> None:
     if form == "set_tensor":
         for name, value in values.items():
             accessor.set_tensor(name, value)
@@ -230,7 +237,7 @@ def test_set_round_trip(target, data):
     values[new_name] = nn.Parameter(torch.ones(2))
     kinds = {n: registry_of(module, n) for n in names}
     before = slots(module)
-    accessor = NamedMemberAccessor(module)
+    accessor = target.accessor(module)
     outcome = attempt(lambda: _set(accessor, form, values))
     if no_error(check, outcome, form):
         got = attempt(lambda: accessor.get_tensors(list(values)))
@@ -264,7 +271,7 @@ def _aliases(module: nn.Module, name: str, given: dict[str, Any]) -> bool:
 SWAP_FORMS = ("swap_tensor", "swap_tensors", "swap_tensors_dict")
 
 
-def _swap(accessor: NamedMemberAccessor, form: str, values: dict[str, Any]) -> list[Any]:
+def _swap(accessor: Any, form: str, values: dict[str, Any]) -> list[Any]:
     """The objects the swap returns, in the order of ``values``."""
     if form == "swap_tensor":
         return [accessor.swap_tensor(n, v) for n, v in values.items()]
@@ -294,7 +301,7 @@ def test_swap_and_swap_back(target, data):
     path = data.draw(st.sampled_from(children), label="child") if children else None
     values = {n: fresh(module, n) for n in names}
     before, output = slots(module), _seeded_forward(module)
-    accessor = NamedMemberAccessor(module)
+    accessor = target.accessor(module)
     swapped = attempt(lambda: _swap(accessor, form, values))
     if no_error(check, swapped, form):
         for name, old in zip(names, swapped.result, strict=True):
@@ -318,7 +325,7 @@ def test_swap_and_swap_back(target, data):
         f"old = [accessor.swap_tensor(n, v) for n, v in values.items()]  # {form}"]))
 
 
-def _check_swap_submodule(check: Checker, module: nn.Module, accessor: NamedMemberAccessor,
+def _check_swap_submodule(check: Checker, module: nn.Module, accessor: Any,
                           path: str) -> None:
     """Clauses ``submodule-returned`` and ``submodule-restored``."""
     child, other = module.get_submodule(path), nn.Identity()
@@ -349,7 +356,7 @@ def test_del_removes_exactly_its_names(target, data):
     names = _names(data, module, "names")
     batched = data.draw(st.booleans(), label="del_tensors")
     before = slots(module)
-    accessor = NamedMemberAccessor(module)
+    accessor = target.accessor(module)
     outcome = attempt(lambda: accessor.del_tensors(names) if batched
                       else [accessor.del_tensor(n) for n in names])
     if no_error(check, outcome, "del_tensors" if batched else "del_tensor"):
@@ -381,6 +388,7 @@ class BadCall:
     code: str
     error: type
     mention: str
+    clause: str = "changed-on-error"  # the clause of a refused call that changed the module
 
 
 def bad_calls(module: nn.Module, name: str | None) -> list[BadCall]:
@@ -427,8 +435,44 @@ def bad_calls(module: nn.Module, name: str | None) -> list[BadCall]:
             BadCall("not-a-tensor-in-dict", f"accessor.swap_tensors_dict({{{name!r}: "
                     f"torch.ones(2), 'training': torch.ones(2)}}, allow_missing=True)",
                     TypeError, "Tensor"),
+            *batched_calls(module, name),
         ]
     return calls
+
+
+BATCHED = "batch-changed-on-error"  # a batched write refused after it wrote a first name
+SHARED = "shared-rollback"  # swap_tensors_dict's swap-back on error through a shared child
+
+
+def batched_calls(module: nn.Module, name: str) -> list[BadCall]:
+    """Refused batched writes whose first name (``name``) is good and a later one bad; with a
+    child shared under two paths that holds a slot, a ``swap_tensors_dict`` that swaps it under
+    both paths and then meets a non-tensor attribute."""
+    calls = [
+        BadCall("batch", f"accessor.set_tensors([{name!r}, 'training.x'], [torch.ones(2), "
+                "torch.ones(2)])", TypeError, "Module", BATCHED),
+        BadCall("batch", f"accessor.swap_tensors([{name!r}, 'nope'], [torch.ones(2), "
+                "torch.ones(2)])", AttributeError, "nope", BATCHED),
+        BadCall("batch", f"accessor.del_tensors([{name!r}, 'nope'])", AttributeError, "nope",
+                BATCHED),
+    ]
+    shared = shared_slot_paths(module)
+    if shared:
+        first, second = shared
+        calls.insert(0, BadCall("shared", f"accessor.swap_tensors_dict({{{first!r}: torch.ones(2), "
+                             f"{second!r}: torch.zeros(2), 'training': torch.ones(2)}}, "
+                             "allow_missing=True)", TypeError, "Tensor", SHARED))
+    return calls
+
+
+def shared_slot_paths(module: nn.Module) -> tuple[str, str] | None:
+    """Two dotted names of one registered slot through a child shared under two paths, or
+    None."""
+    by_slot: dict[tuple[int, str], list[str]] = {}
+    for name in slots(module):
+        prefix, attr = _split(name)
+        by_slot.setdefault((id(module.get_submodule(prefix)), attr), []).append(name)
+    return next(((n[0], n[1]) for n in by_slot.values() if len(n) > 1), None)
 
 
 @spec_property("ACCESSOR-REFUSED", examples_divisor=EXAMPLES_DIVISOR)
@@ -449,16 +493,17 @@ def test_refused_call_leaves_module_as_it_was(target, data):
     name = data.draw(st.sampled_from(names), label="slot") if names else None
     calls = bad_calls(module, name)
     for call in calls:  # each on a fresh accessor: a few microseconds each
-        _check_refused(check, module, call)
+        _check_refused(check, target, module, call)
     check.verdict(_repro(example, target, [
         line for call in calls for line in
         ("try:", f"    {call.code}", "except Exception as e:", "    print('refused:', e)")]))
 
 
-def _check_refused(check: Checker, module: nn.Module, call: BadCall) -> None:
-    """Clauses ``accepted``, ``wrong-error``, ``unclear-message``, ``changed-on-error``."""
+def _check_refused(check: Checker, target: Any, module: nn.Module, call: BadCall) -> None:
+    """Clauses ``accepted``, ``wrong-error``, ``unclear-message`` and the call's own
+    (``changed-on-error``, ``batch-changed-on-error``, ``shared-rollback``)."""
     world, before = invariants.world([module]), registration_state(module)
-    accessor = NamedMemberAccessor(module)
+    accessor = target.accessor(module)
     error = attempt(lambda: eval(call.code, {"torch": torch, "accessor": accessor})).error
     if check.that(error is not None, "accepted", f"{call.code} ({call.defect}) was accepted"):
         check.that(isinstance(error, call.error), "wrong-error",
@@ -467,7 +512,7 @@ def _check_refused(check: Checker, module: nn.Module, call: BadCall) -> None:
         check.that(call.mention in str(error), "unclear-message",
                    f"{call.code} raised {str(error)[:200]!r}, which does not name "
                    f"{call.mention!r}")
-    for v in invariants.unchanged(world, "changed-on-error"):
+    for v in invariants.unchanged(world, call.clause):
         check.that(False, v.clause, f"{call.code} raised, yet {v.message}")
-    check.that(registration_state(module) == before, "changed-on-error",
+    check.that(registration_state(module) == before, call.clause,
                f"{call.code} raised, yet a registry or __dict__ changed")
