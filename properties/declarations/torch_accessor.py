@@ -19,7 +19,8 @@ TORCH_CHECKED = ("2.13.0", None)  # repros checked on 2.13.0 only: no matrix run
 
 def has_a_slot(example: Any) -> bool:
     """The module has a registered parameter or buffer slot: the refused batched writes
-    (``set_tensors``, ``swap_tensors``, ``del_tensors`` with a good first name) are made."""
+    (``set_tensors``, ``set_tensors_dict``, ``swap_tensors``, ``del_tensors`` with a good first
+    name) are made."""
     return bool(slots(example.module))
 
 
@@ -37,14 +38,15 @@ def slot_under_two_paths(example: Any) -> bool:
 ACCESSOR_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         "ACCESSOR-REFUSED", has_a_slot, "batch-changed-on-error",
-        "NamedMemberAccessor.set_tensors, swap_tensors and del_tensors write name by name and "
+        "NamedMemberAccessor.set_tensors, set_tensors_dict, swap_tensors and del_tensors write "
+        "name by name and "
         "put nothing back when a later name is refused, so the refused call leaves the earlier "
         "names set, swapped or deleted (swap_tensors_dict swaps back; torch 2.13). Repro: "
         "from torch.nn.utils._named_member_accessor import NamedMemberAccessor; "
         "m = torch.nn.Linear(2, 2); w = m.weight; a = NamedMemberAccessor(m); "
         "a.swap_tensors(['weight', 'nope'], [torch.ones(2, 2), torch.ones(2)])  # AttributeError; "
         "assert m.weight is w  # fails (likewise set_tensors(['weight', 'training.x'], ...), "
-        "del_tensors(['weight', 'nope']))",
+        "set_tensors_dict({'weight': ..., 'training.x': ...}), del_tensors(['weight', 'nope']))",
         torch_versions=TORCH_CHECKED, id="torch.accessor.batched-refusal-keeps-earlier-writes"),
     Deviation(
         "ACCESSOR-REFUSED", slot_under_two_paths, "shared-rollback",

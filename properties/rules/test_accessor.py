@@ -445,12 +445,15 @@ SHARED = "shared-rollback"  # swap_tensors_dict's swap-back on error through a s
 
 
 def batched_calls(module: nn.Module, name: str) -> list[BadCall]:
-    """Refused batched writes whose first name (``name``) is good and a later one bad; with a
+    """Refused batched writes (``set_tensors``, ``set_tensors_dict``, ``swap_tensors``,
+    ``del_tensors``) whose first name (``name``) is good and a later one bad; with a
     child shared under two paths that holds a slot, a ``swap_tensors_dict`` that swaps it under
     both paths and then meets a non-tensor attribute."""
     calls = [
         BadCall("batch", f"accessor.set_tensors([{name!r}, 'training.x'], [torch.ones(2), "
                 "torch.ones(2)])", TypeError, "Module", BATCHED),
+        BadCall("batch", f"accessor.set_tensors_dict({{{name!r}: torch.ones(2), "
+                "'training.x': torch.ones(2)})", TypeError, "Module", BATCHED),
         BadCall("batch", f"accessor.swap_tensors([{name!r}, 'nope'], [torch.ones(2), "
                 "torch.ones(2)])", AttributeError, "nope", BATCHED),
         BadCall("batch", f"accessor.del_tensors([{name!r}, 'nope'])", AttributeError, "nope",
