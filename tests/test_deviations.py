@@ -622,3 +622,21 @@ def test_two_independent_bugs_of_one_property_are_both_reported():
     kinds = [min(v.clause for v in e.violations) for e in group.value.exceptions
              if isinstance(e, ConformanceError)]
     assert sorted(kinds) == ["tie-split", "values"]
+
+
+def test_a_declaration_covers_its_own_clauses_only(monkeypatch):
+    """Rule: a declared clause that shows does not excuse an invariant break of the same
+    example; only a declaration that names the invariant and applies does."""
+    monkeypatch.delenv("SWAPSPEC_INVARIANTS", raising=False)
+
+    def verdict(*declared: Deviation) -> None:
+        target = SimpleNamespace(name="planted", deviations=list(declared), invariants=True)
+        check = Checker("APPLY-TIES", target, EXAMPLE)
+        check.that(False, "tie-split", "split")
+        check.that(False, "INV-KINDS", "a Parameter became a Tensor")
+        check.verdict()
+
+    with pytest.raises(ConformanceError) as e:
+        verdict(_always("tie-split"))
+    assert [v.clause for v in e.value.violations] == ["INV-KINDS"]
+    verdict(_always("tie-split"), _always("INV-KINDS", property_id="FC-RESTORE"))

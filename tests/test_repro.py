@@ -108,6 +108,10 @@ CASES = {
                        lambda: load_target(f"{PLANTED}:reordered"),
                        lambda: call_case(TreeSpec(root=TWO), {"p0": torch.zeros(4)},
                                          **{"raise in forward": False, "invalid": False}), REPO),
+    # FC-GRADIENTS: the repro gives the grad leaf the property added to the drawn call
+    "call-gradients": (test_functional_call.test_fc_gradients_flow_to_given_tensors_only,
+                       lambda: load_target(f"{PLANTED}:detaching"),
+                       lambda: call_case(TreeSpec(root=TWO), {"p0": torch.zeros(4)}), REPO),
     # FC-INPUT-FORMS: the overlapping split itself is what the repro passes
     "call-overlap-accepted": (test_functional_call.test_fc_input_forms,
                               lambda: load_target(f"{PLANTED}:overlap_accepted"),

@@ -408,7 +408,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         id="torch.apply.commits-before-raising"),
     Deviation(
         "APPLY-REFUSED-SWAP", converts_before_refused_swap,
-        ("value-changed", "slot-changed", "grad-changed", "cdata-changed"),
+        ("value-changed", "slot-changed", "grad-changed", "cdata-changed", "INV-RAISE-UNCHANGED"),
         "_apply commits each tensor before it swaps the next, so a tensor swap_tensors refuses "
         "leaves those before it converted; a refused grad also leaves its parameter swapped and "
         "its grad None. Repro: m = nn.Linear(2, 2); m.weight.grad = torch.ones(2, 2); "
@@ -419,7 +419,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice,
         ("not-restored", "INV-KINDS"),
         SHARED_SLOT, id="torch.fc.shared-slot-not-restored"),
-    Deviation("TOGETHER-APPLY-IN-FORWARD", swaps_one_slot_twice, "original-changed",
+    Deviation("TOGETHER-APPLY-IN-FORWARD", swaps_one_slot_twice,
+              ("original-changed", "INV-RAISE-UNCHANGED"),
               SHARED_SLOT, id="torch.together.shared-slot-original-changed"),
     Deviation("FC-TIES", slot_conflict_ignored, ("slot-conflict", "touched-on-error"),
               "With tie_weights=False torch does not notice two names of one shared slot "
@@ -434,7 +435,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
               PARTIAL_TIES, id="torch.fc.partial-tie-group-strict"),
     Deviation("FC-BAD-INPUT", partial_tie_group_key_error, "wrong-error", PARTIAL_TIES,
         id="torch.fc.partial-tie-group-wrong-error"),
-    Deviation("FC-BAD-INPUT", swaps_one_slot_twice, "touched-on-error",
+    Deviation("FC-BAD-INPUT", swaps_one_slot_twice, ("touched-on-error", "INV-RAISE-UNCHANGED"),
               "When a later name is bad, torch undoes its swaps in the order it made them, so a "
               "shared submodule's slot swapped under two names keeps the first given tensor. "
               + SHARED_SLOT, id="torch.fc.shared-slot-touched-on-error"),

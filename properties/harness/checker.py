@@ -161,16 +161,16 @@ class Checker:
 
         First the invariants that hold after every property (``models.invariants``): the
         bystander copy is untouched (``INV-INDEPENDENT``) and the module works
-        (``INV-WORKING``). A violated invariant is explained by a declaration of this
-        property that showed here (one bug, several symptoms), or by any declaration of the
-        target, of any property, that names the invariant's clause and applies here."""
+        (``INV-WORKING``). A violated invariant is explained only by a declaration of the
+        target, of any property, that names the invariant's clause and applies here: a
+        declaration covers exactly its clauses and the cases its predicate describes."""
         if CURRENT[0] is self:
             CURRENT[0] = None
         self.violations += after_property(self)
         violated = {v.clause for v in self.violations}
         declared = {c for d in self.declared for c in d.clauses}
         if violated & set(invariants.IDS):
-            declared |= self._invariant_excuses(violated & declared)
+            declared |= self.invariant_excuses
         unexplained = [v for v in self.violations if v.clause not in declared]
         stale = [d for d in self.declared if d.always and not violated & set(d.clauses)]
         for d in self.declared:
@@ -191,11 +191,6 @@ class Checker:
         script = self._repro(repro, unexplained)
         kind = conformance_error_class(unexplained, stale)
         raise kind(self._explain(unexplained, stale, bool(script)), unexplained, script)
-
-    def _invariant_excuses(self, shown: set[str]) -> set[str]:
-        """The invariant clauses explained here: all of them where a declared clause showed,
-        else those a declaration of the target (any property) names and applies to."""
-        return set(invariants.IDS) if shown else self.invariant_excuses
 
     def _declared_invariants(self) -> set[str]:
         """The invariant clauses that a declaration of the target, of any property, names and

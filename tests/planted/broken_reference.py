@@ -112,6 +112,17 @@ def reordering_functional_call(module, tensors, args=None, kwargs=None, *, tie_w
             module._parameters[key] = module._parameters.pop(key)
 
 
+def detaching_functional_call(module, tensors, args=None, kwargs=None, *, tie_weights=True,
+                              strict=False):
+    """The reference's functional_call with every given tensor detached: no grad reaches them."""
+    detached = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+    return reference.functional_call(module, detached, args, kwargs, tie_weights=tie_weights,
+                                     strict=strict)
+
+
+detaching = SimpleNamespace(name="broken-detaching", apply=reference.apply,
+                            functional_call=detaching_functional_call, call_forms=("dict",))
+
 overlap_accepted = SimpleNamespace(name="broken-overlap-accepted", apply=reference.apply,
                                    functional_call=overlap_merging_functional_call)
 
