@@ -606,10 +606,12 @@ def test_each_kind_of_failure_has_its_own_error_class():
 def test_two_independent_bugs_of_one_property_are_both_reported():
     """Rule: a run of a property that breaks two clauses in different examples reports both,
     each shrunk on its own (Hypothesis tells them apart by their error class)."""
-    from hypothesis import given, settings
+    from hypothesis import Phase, given, settings
     from hypothesis import strategies as st
 
-    @settings(database=None, derandomize=True, max_examples=300)
+    # every setting that decides it explicit: a profile another test module loads must not
+    @settings(database=None, derandomize=True, max_examples=300, report_multiple_bugs=True,
+              phases=[Phase.generate, Phase.shrink])
     @given(st.integers(0, 1000))
     def planted(n: int) -> None:
         check = Checker("APPLY-TIES", _target(), EXAMPLE)
