@@ -175,3 +175,30 @@ def test_a_raise_inside_vmap_that_leaves_a_batched_tensor_is_judged_without_read
     assert torch._C._functorch.is_batchedtensor(module.bias)
     assert invariants.unchanged(before, forward_ran=True) == []
     assert [v.message for v in invariants.unchanged(before)] == ["slot 'bias' holds another object"]
+
+
+def test_an_error_in_the_modules_own_pre_hook_is_the_forwards():
+    """Rule: a call's forward begins with the module's own forward pre-hooks (an old-style
+    spectral norm's power iteration updates its buffers there), so what a pre-hook changed before
+    it raised is not INV-RAISE-UNCHANGED's."""
+    import torch
+    from torch import nn
+
+    from swapspec.properties.harness.checker import Checker
+    from swapspec.properties.harness.target_calls import call_target
+    from swapspec.properties.harness.targets import builtin_target
+    from swapspec.properties.models.examples import Example
+
+    module = nn.Linear(2, 2)
+    module.register_buffer("u", torch.zeros(2))
+
+    def power_iteration(m, args):
+        m.u.add_(1)  # updated in place, then the hook fails
+        raise RuntimeError("power iteration failed")
+
+    module.register_forward_pre_hook(power_iteration)
+    target = builtin_target("reference")
+    check = Checker("FC-RESTORE", target, Example(module))
+    with pytest.raises(RuntimeError, match="power iteration"):
+        call_target(target, module, {"weight": torch.ones(2, 2)}, (torch.ones(1, 2),), {})
+    assert [v.clause for v in check.violations] == []

@@ -123,8 +123,8 @@ def watched(call: Callable[[], Any], module: nn.Module, *, mappings: tuple = (),
     (``INV-RAISE-UNCHANGED``), success kept every kind (``INV-KINDS``), and strict reported every
     key of ``extras`` (``INV-STRICT-EXACT``; ``load``: a load, whose ``unexpected_keys`` report
     them without strict). ``forwards``: the call runs the module's forward (``functional_call``);
-    an error raised once the forward began is the forward's, and what the forward changed on
-    the way is its own business, not the call's."""
+    an error raised once the forward began (its pre-hooks included) is the forward's, and what
+    the forward changed on the way is its own business, not the call's."""
     check = checker.current()
     if check is None or _DEPTH[0] or not invariants.enabled(check.target):
         return _marked(attempt(call))
@@ -133,7 +133,10 @@ def watched(call: Callable[[], Any], module: nn.Module, *, mappings: tuple = (),
     before = invariants.world([module], mappings)
     kinds = invariants.kinds(module)
     began: list[bool] = []
-    hook = module.register_forward_pre_hook(lambda *_: began.append(True)) if forwards else None
+    # first among the module's pre-hooks: they are its forward's own code (an old-style
+    # spectral norm's power iteration), so an error in one of them is the forward's
+    hook = (module.register_forward_pre_hook(lambda *_: began.append(True), prepend=True)
+            if forwards else None)
     _DEPTH[0] += 1
     try:
         outcome = attempt(call)
