@@ -41,6 +41,18 @@ def module_state(module: nn.Module) -> ModuleState:
     return ModuleState(table, layout, values)
 
 
+def registration_state(module: nn.Module) -> dict[str, tuple]:
+    """Per module path: what every registration may change, by object identity: its
+    ``__dict__`` (hook tables included), its three registries, its non-persistent set."""
+    return {
+        path: ({k: id(v) for k, v in m.__dict__.items()},
+               *({k: id(v) for k, v in getattr(m, r).items()}
+                for r in ("_parameters", "_buffers", "_modules")),
+               frozenset(m._non_persistent_buffers_set))
+        for path, m in module.named_modules(remove_duplicate=False)
+    }
+
+
 _MISSING = object()
 
 

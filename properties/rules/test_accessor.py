@@ -26,11 +26,11 @@ from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.repro import apply_repro, is_torch
 from swapspec.properties.harness.target_calls import run_converted
 from swapspec.properties.models import invariants
+from swapspec.properties.models.call_state import registration_state
 from swapspec.properties.models.examples import Example, slots
 from swapspec.properties.models.outcomes import Outcome, attempt, same_output
 from swapspec.properties.models.parametrize_state import forward
 from swapspec.properties.rules.clauses import no_error
-from swapspec.properties.rules.test_registration import registration_state
 from swapspec.strategies import flag_settings, module_trees
 from swapspec.strategies.conversions import modules_with_conversions
 

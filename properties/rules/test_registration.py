@@ -19,6 +19,7 @@ from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.repro import is_torch, registration_repro
 from swapspec.properties.harness.target_calls import call_target
 from swapspec.properties.models import invariants
+from swapspec.properties.models.call_state import registration_state
 from swapspec.properties.models.examples import Example, same_values, slots
 from swapspec.properties.models.outcomes import Outcome, attempt
 from swapspec.properties.rules.clauses import no_error
@@ -48,17 +49,6 @@ def _register(target: Any, owner: nn.Module, call: RegistrationCall, args: tuple
     """The target's registration method ``call.method`` on ``owner``."""
     method = target.method(call.method)
     return attempt(lambda: method(owner, *args, overwrite=False, swap=False, **kwargs))
-
-
-def registration_state(module: nn.Module) -> dict[str, tuple]:
-    """Per module path: what every registration may change, by object identity: its
-    ``__dict__`` (hook tables included), its three registries, its non-persistent set."""
-    return {
-        path: ({k: id(v) for k, v in m.__dict__.items()},
-               *({k: id(v) for k, v in getattr(m, r).items()} for r in REGISTRIES.values()),
-               frozenset(m._non_persistent_buffers_set))
-        for path, m in module.named_modules(remove_duplicate=False)
-    }
 
 
 def _setup(property_id: str, target: Any, module: nn.Module, call: RegistrationCall):
