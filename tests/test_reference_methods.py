@@ -198,3 +198,34 @@ def test_requires_grad_errors_are_torchs_own_words() -> None:
         lambda: nn.Linear(2, 2).requires_grad_("yes"))
     assert _message(lambda: reference.requires_grad_(integral(), True)) == _message(
         lambda: integral().requires_grad_(True))
+
+
+@pytest.mark.parametrize("order", ["lazy-first", "linear-first"])
+def test_type_refuses_a_bad_dtype_first_whatever_tensor_comes_first(order):
+    """The reference's ``type`` checks its argument before any tensor: ``TypeError`` on a lazy
+    module too. torch's checks it in the fn only, so when the first tensor ``_apply`` reaches
+    is an uninitialized parameter, that tensor's ``ValueError`` comes first (declared:
+    ``torch.methods.type-checked-by-uninitialized``)."""
+    leaves = [nn.LazyLinear(2), nn.Linear(2, 2)]
+    module = nn.Sequential(*(leaves if order == "lazy-first" else leaves[::-1]))
+    with pytest.raises(TypeError, match="dtype must be"):
+        reference.type(module, 1)
+    theirs = nn.Sequential(*([nn.LazyLinear(2), nn.Linear(2, 2)] if order == "lazy-first"
+                             else [nn.Linear(2, 2), nn.LazyLinear(2)]))
+    expected = ValueError if order == "lazy-first" else TypeError
+    with pytest.raises(expected):
+        theirs.type(1)
+
+
+def test_the_type_declaration_applies_where_the_first_tensor_is_uninitialized():
+    """``type_checked_by_uninitialized`` reads ``_apply``'s order: children first, depth first."""
+    from swapspec.properties.declarations.torch_apply import type_checked_by_uninitialized
+    from swapspec.properties.models.examples import Example
+
+    bad_type = next(c for c in BAD_CALLS if c.method == "type")
+    lazy_first = nn.Sequential(nn.Sequential(nn.LazyLinear(2)), nn.Linear(2, 2))
+    linear_first = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2))
+    assert type_checked_by_uninitialized(Example(lazy_first, method=bad_type))
+    assert not type_checked_by_uninitialized(Example(linear_first, method=bad_type))
+    good = next(c.call for c in METHOD_CONVERSIONS if c.call.method == "double")
+    assert not type_checked_by_uninitialized(Example(lazy_first, method=good))

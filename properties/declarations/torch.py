@@ -39,6 +39,7 @@ from swapspec.properties.declarations.torch_apply import (
              swap_ignores_new_hooks_unless_norm_raises,
              swap_refuses_subclass,
              swaps_twice_back,
+             type_checked_by_uninitialized,
 )
 from swapspec.properties.declarations.torch_functional_call import (
              parametrized_name_swap_refused,
@@ -144,6 +145,17 @@ TORCH_METHOD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.type(1); m.to_empty(device=1.5)  # no error; "
         "nn.Linear(2, 2).requires_grad_('yes')  # TypeError",
         id="torch.methods.bad-argument-unchecked"),
+    Deviation(
+        "APPLY-METHOD-ARGS", type_checked_by_uninitialized, ("bad-form-accepted", "message"),
+        reason="nn.Module.type checks its argument only in the fn it passes to _apply, and an "
+        "UninitializedParameter (a lazy module before its first forward) refuses Tensor.type "
+        "before it reads the argument: when the first tensor _apply reaches is one, a bad dtype "
+        "raises ValueError 'Attempted to use an uninitialized parameter', not TypeError 'dtype "
+        "must be a type, str, or dtype object' (or ValueError 'invalid type'). Found by a random "
+        "run (default profile, seed 5101). Checked on torch 2.13.0. Repro: "
+        "m = nn.Sequential(nn.LazyLinear(2), nn.Linear(2, 2)); m.type(1)  # ValueError; "
+        "nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2)).type(1)  # TypeError",
+        id="torch.methods.type-checked-by-uninitialized"),
 )
 
 

@@ -491,6 +491,26 @@ def bad_argument_unchecked(example: Example) -> bool:
     return False
 
 
+def _first_tensor_apply_reaches(module: nn.Module) -> Tensor | None:
+    """The first tensor torch's ``_apply`` hands its fn: children first, depth first, then the
+    module's own parameters, then its buffers."""
+    for child in module.children():
+        first = _first_tensor_apply_reaches(child)
+        if first is not None:
+            return first
+    slots = [*module._parameters.values(), *module._buffers.values()]
+    return next((t for t in slots if t is not None), None)
+
+
+def type_checked_by_uninitialized(example: Example) -> bool:
+    """A bad ``type`` argument on a module whose first tensor in ``_apply``'s order is an
+    uninitialized parameter: that tensor's ``type`` refuses to run before it reads the argument."""
+    call = example.method
+    if call is None or call.kind != "bad" or call.method != "type":
+        return False
+    return is_uninitialized(_first_tensor_apply_reaches(example.module))
+
+
 def requires_grad_on_uninitialized(example: Example) -> bool:
     """A good ``requires_grad_`` call on a module holding an uninitialized parameter (a lazy
     module before its first forward): torch's ``p.requires_grad_`` refuses it."""
