@@ -107,8 +107,12 @@ class Deviation:
       deviation holds (``None`` for no bound), for deviations of some torch releases only.
     - ``always``: True when every example in the region shows the behaviour (checked per
       example). False when it shows in some only, for a reason no predicate can see (a
-      freed TensorImpl address reused): then it is stale when at least
-      ``SOMETIMES_MIN_REGION`` of one test's examples fall in the region and none shows it.
+      freed TensorImpl address reused): then it is stale when at least ``stale_after`` of one
+      test's examples fall in the region and none shows it.
+    - ``stale_after``: for ``always=False``, that count (default 10); ``None`` where no count
+      can tell a stale declaration from bad luck (a behaviour of the allocator, whose rate no
+      run controls): such a declaration is never judged stale by a run, and a test of its
+      predicate must keep it true.
     - ``id``: a stable, readable name unique across all declarations
       (``"torch.fc.shared-slot-not-restored"``: owner, area, what), by which a host selects a
       declaration to reuse (``properties.declarations.torch_declarations``) and the report
@@ -122,6 +126,7 @@ class Deviation:
     torch_versions: tuple[str | None, str | None] = (None, None)
     always: bool = True
     id: str = ""
+    stale_after: int | None = 10
 
     @property
     def key(self) -> str:

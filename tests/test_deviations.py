@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -642,3 +643,24 @@ def test_a_declaration_covers_its_own_clauses_only(monkeypatch):
         verdict(_always("tie-split"))
     assert [v.clause for v in e.value.violations] == ["INV-KINDS"]
     verdict(_always("tie-split"), _always("INV-KINDS", property_id="FC-RESTORE"))
+
+
+def test_a_sometimes_declaration_is_stale_after_its_count_unless_no_count_can_tell(monkeypatch):
+    """An ``always=False`` declaration whose region ``stale_after`` examples hit without one
+    showing it is stale; one with ``stale_after=None`` (an allocator's behaviour) never is."""
+    counted = _always("tie-split", always=False, stale_after=3)
+    luck = _always("path-swap", property_id="APPLY-PATH", always=False, stale_after=None)
+    with monkeypatch.context() as patch:  # this test's counts stay its own, gone before the plugin reads them
+        for name in ("IN_REGION", "SHOWN"):
+            patch.setattr(checker, name, Counter())
+        patch.setattr(checker, "STALE_AFTER", {})
+        for declaration in (counted, luck):
+            check = Checker(declaration.property_ids[0], _target(declaration), EXAMPLE)
+            for _ in range(3):
+                check.verdict()
+        hits, seen = Counter(checker.IN_REGION), Counter(checker.SHOWN)
+        stale = checker.stale_sometimes(hits, seen)
+        not_yet = checker.stale_sometimes(Counter({k: 2 for k in hits}), seen)
+    assert sorted(hits.values()) == [3, 3] and not any(seen.values())
+    assert [key[2] for key in stale] == [counted.key]
+    assert not not_yet  # under 3 examples: not yet

@@ -408,8 +408,10 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "leaf = nn.Linear(2, 2); m = nn.ModuleList([nn.ModuleList([leaf]), "
         "nn.ModuleList([leaf])]); c = leaf.weight._cdata; "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.float(); "
-        "assert leaf.weight._cdata != c  # fails when the address is reused",
-        id="torch.apply.swaps-twice-back"),
+        "assert leaf.weight._cdata != c  # fails when the address is reused (0 of 300 tries "
+        "of this loop on one machine, 0 of 13 examples of a random run: no count of examples "
+        "tells a stale declaration from the allocator's luck)",
+        id="torch.apply.swaps-twice-back", stale_after=None),
     Deviation(
         "APPLY-ATOMIC", commits_before_raising,
         ("value-changed", "slot-changed", "grad-changed", "INV-RAISE-UNCHANGED"),

@@ -63,9 +63,6 @@ def conformance_error_class(violations: list[Violation], stale: list[Deviation]
 _ERROR_CLASSES: dict[str, type[ConformanceError]] = {}
 
 
-SOMETIMES_MIN_REGION = 10
-
-
 # Observed deviations in this process: (property_id, target_name, clause) -> examples.
 OBSERVED: Counter[tuple[str, str, str]] = Counter()
 
@@ -76,6 +73,17 @@ IN_REGION: Counter[tuple[str, str, str]] = Counter()
 
 
 SHOWN: Counter[tuple[str, str, str]] = Counter()
+
+
+# -> the declaration's ``stale_after`` (None: never judged stale by a run).
+STALE_AFTER: dict[tuple[str, str, str], int | None] = {}
+
+
+def stale_sometimes(hits: Counter, seen: Counter) -> list[tuple[str, str, str]]:
+    """The ``always=False`` declarations of one test that are stale: ``hits`` examples in their
+    region (at least their ``stale_after``), ``seen`` of them showing it (none)."""
+    return [key for key, n in hits.items()
+            if not seen[key] and STALE_AFTER.get(key) is not None and n >= STALE_AFTER[key]]
 
 
 # Every declaration that applied to an example: (property_id, target_name, key) -> examples,
@@ -177,6 +185,7 @@ class Checker:
             if not d.always:
                 key = (self.property_id, self.target.name, d.key)
                 IN_REGION[key] += 1
+                STALE_AFTER[key] = d.stale_after
                 SHOWN[key] += bool(violated & set(d.clauses))
         if surveying():
             for clause in {v.clause for v in unexplained}:

@@ -438,8 +438,7 @@ def pytest_runtest_call(item: pytest.Item):
                                              for key in new_undeclared}
         hits = Counter(checker.IN_REGION) - region
         seen = Counter(checker.SHOWN) - shown
-        item.swapspec_stale = [key for key, n in hits.items()
-                               if n >= checker.SOMETIMES_MIN_REGION and not seen[key]]
+        item.swapspec_stale = checker.stale_sometimes(hits, seen)
 
 
 @contextlib.contextmanager
