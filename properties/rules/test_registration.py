@@ -68,12 +68,12 @@ def _setup(property_id: str, target: Any, module: nn.Module, call: RegistrationC
 
 
 @contextmanager
-def _owner_class(owner: nn.Module, call: RegistrationCall) -> Iterator[None]:
-    """``owner`` with the class ``call.setup`` gives it (a ``register_buffer`` override) inside
-    the block, its own class put back after it, even on failure."""
+def _owner_class(owner: nn.Module, setup: list[str]) -> Iterator[None]:
+    """``owner`` with the class a call's ``setup`` gives it (a ``register_buffer`` override)
+    inside the block, its own class put back after it, even on failure."""
     own = type(owner)
     try:
-        exec("\n".join(call.setup), {"torch": torch, "owner": owner})
+        exec("\n".join(setup), {"torch": torch, "owner": owner})
         yield
     finally:
         owner.__class__ = own
@@ -84,25 +84,26 @@ def _verdict(check: Checker, example: Example, target: Any, setup: list[str] = (
     check.verdict(partial(registration_repro, example, target, setup=lines))
 
 
-def _check_refused(target: Any, module: nn.Module, call: RegistrationCall) -> None:
-    """REGISTER-REFUSED's clauses for one refused form, judged on its own."""
+def _check_refused(target: Any, module: nn.Module, call: RegistrationCall,
+                   world: invariants.World) -> None:
+    """REGISTER-REFUSED's clauses for one refused form, judged on its own; ``world``: the
+    module as drawn (every refused form before this one left it so, or was put back)."""
     example, check, owner = _setup("REGISTER-REFUSED", target, module, call)
-    with _owner_class(owner, call):
-        world, before = invariants.world([module]), registration_state(module)
-        args, kwargs = call.args()
-        error = _register(target, owner, call, args, kwargs).error
-        if check.that(error is not None, "accepted", f"{call.label} ({call.defect}) was accepted"):
-            check.that(isinstance(error, call.error), "wrong-error",
-                       f"{call.label} ({call.defect}) raised {type(error).__name__}, not "
-                       f"{call.error.__name__}")
-            check.that(call.mention in str(error), "unclear-message",
-                       f"{call.label} ({call.defect}) raised {str(error)!r}, which does not name "
-                       f"{call.mention!r}")
-            for v in invariants.unchanged(world, "changed-on-error"):
-                check.that(False, v.clause, f"{call.label} raised, yet {v.message}")
-            check.that(registration_state(module) == before, "changed-on-error",
-                       f"{call.label} raised, yet a registry, __dict__ or the non-persistent set "
-                       "changed")
+    before = registration_state(module)
+    args, kwargs = call.args()
+    error = _register(target, owner, call, args, kwargs).error
+    if check.that(error is not None, "accepted", f"{call.label} ({call.defect}) was accepted"):
+        check.that(isinstance(error, call.error), "wrong-error",
+                   f"{call.label} ({call.defect}) raised {type(error).__name__}, not "
+                   f"{call.error.__name__}")
+        check.that(call.mention in str(error), "unclear-message",
+                   f"{call.label} ({call.defect}) raised {str(error)!r}, which does not name "
+                   f"{call.mention!r}")
+        for v in invariants.unchanged(world, "changed-on-error"):
+            check.that(False, v.clause, f"{call.label} raised, yet {v.message}")
+        check.that(registration_state(module) == before, "changed-on-error",
+                   f"{call.label} raised, yet a registry, __dict__ or the non-persistent set "
+                   "changed")
     _verdict(check, example, target)
 
 
@@ -129,12 +130,14 @@ def test_refused_registration_leaves_module_as_it_was(target, methods, data):
     """
     module = data.draw(trees, label="module")
     forms = data.draw(registration_forms(module, kinds=("bad",), methods=methods), label="forms")
-    kept = registrations_kept(module)
-    for call in forms:
-        before = registration_state(module)
-        _check_refused(target, module, call)
-        if registration_state(module) != before:  # declared: the next form meets the drawn module
-            put_back_registrations(kept)
+    owner = module.get_submodule(forms[0].owner)  # every form's but the uninitialized module's
+    with _owner_class(owner, next((f.setup for f in forms if f.setup), [])):
+        kept, world = registrations_kept(module), invariants.world([module])
+        for call in forms:
+            before = registration_state(module)
+            _check_refused(target, module, call, world)
+            if registration_state(module) != before:  # declared: put back for the next form
+                put_back_registrations(kept)
 
 
 def _paths_of(module: nn.Module, owner: nn.Module) -> list[str]:
@@ -276,7 +279,7 @@ def test_registration_fills_exactly_its_slot(target, methods, data):
     before = slots(module)
     args, kwargs = call.args()
     value = args[1] if len(args) > 1 else None
-    with _owner_class(owner, call):
+    with _owner_class(owner, call.setup):
         outcome = _register(target, owner, call, args, kwargs)
         if no_error(check, outcome, call.label):
             _check_ends(check, owner, call, value)
@@ -347,7 +350,7 @@ def test_global_registration_hooks(target, methods, data):
     tables = _global_hook_keys()
     handles = [HOOK_REGISTRARS[kind](hook(kind)) for kind in KINDS]
     try:
-        with _owner_class(owner, call):
+        with _owner_class(owner, call.setup):
             outcome = _register(target, owner, call, args, kwargs)
     finally:
         for handle in handles:
@@ -528,5 +531,5 @@ def test_swap_tensors_swaps_good_pairs(target, pair):
                        f"after swap_tensors {name} does not hold the other tensor's "
                        f"{', '.join(wrong)}")
         _check_stale_graphs(check, made, pair)
-    del made, t1, t2
+    del made
     check.verdict(partial(good_swap_repro, pair, target))
