@@ -300,7 +300,11 @@ def _poisoned(grad_outputs: Any) -> None:
     """Rule 6's pre-hook on a swapped leaf's AccumulateGrad node."""
     raise RuntimeError(
         "Trying to execute AccumulateGrad node that was poisoned by swap_tensors this can happen "
-        "when you try to run backward on a tensor that was swapped.")
+        "when you try to run backward on a tensor that was swapped. For a module m with "
+        "`torch.__future__.set_swap_module_params_on_conversion(True)` you should not change the "
+        "device or dtype of the module (e.g. `m.cpu()` or `m.half()`) between running forward "
+        "and backward. To resolve this, please only change the device/dtype before running "
+        "forward (or after both forward and backward).")
 
 
 def register_parametrization(module: nn.Module, tensor_name: str, parametrization: nn.Module,
