@@ -254,3 +254,56 @@ def test_swap_tensors_poisons_the_graph_of_every_class(kind):
         with pytest.raises(RuntimeError, match="poisoned") as theirs:
             y.backward()
         assert str(ours.value) == str(theirs.value)  # torch's message, word for word
+
+
+class _Twice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+
+class _NegFlat(nn.Module):
+    """Refused (it changes the shape) after torch wrote ``right_inverse``'s result."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten()
+
+    def right_inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return -x.flatten()
+
+
+def test_register_parametrization_registers_and_stacks_as_torchs():
+    """A first and a stacked registration give torch's parametrized module and value."""
+    ours = nn.Linear(3, 2)
+    theirs = nn.Linear(3, 2)
+    theirs.load_state_dict(ours.state_dict())
+    for _ in range(2):
+        got = reference.registration.register_parametrization(ours, "weight", _Twice())
+        want = torch.nn.utils.parametrize.register_parametrization(theirs, "weight", _Twice())
+        assert got is ours and type(want) is type(theirs)
+        assert torch.equal(ours.weight, theirs.weight)
+    assert len(ours.parametrizations.weight) == 2
+
+
+@pytest.mark.parametrize("slot", ["parameter", "buffer"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_refused_first_parametrization_changes_nothing(slot, requires_grad):
+    """A first registration torch refuses raises torch's ValueError on the reference and leaves
+    the tensor's object, values, shape and ``requires_grad`` as they were (torch writes
+    ``right_inverse``'s result first: torch.parametrize.refused-first-writes)."""
+    module = nn.Module()
+    tensor = torch.arange(6.0).reshape(2, 3)
+    if slot == "parameter":
+        module.register_parameter("t", nn.Parameter(tensor.clone(), requires_grad=requires_grad))
+    else:
+        module.register_buffer("t", tensor.clone().requires_grad_(requires_grad))
+    held = module.t
+    with pytest.raises(ValueError, match="shape") as ours:
+        reference.registration.register_parametrization(module, "t", _NegFlat())
+    assert module.t is held and torch.equal(held.detach(), tensor)
+    assert held.shape == (2, 3) and held.requires_grad == requires_grad
+    assert not torch.nn.utils.parametrize.is_parametrized(module)
+    theirs = nn.Module()
+    theirs.register_buffer("t", tensor.clone())
+    with pytest.raises(ValueError) as raised:
+        torch.nn.utils.parametrize.register_parametrization(theirs, "t", _NegFlat())
+    assert str(ours.value) == str(raised.value)
