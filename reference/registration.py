@@ -21,7 +21,10 @@ Rules:
    parameter takes only a ``Parameter`` or ``None``; a ``Module`` becomes a child (the name
    leaves ``__dict__``, the parameters and the buffers), a name that is a child takes only a
    ``Module`` or ``None``; an ``nn.Buffer`` or a name that is a buffer becomes a buffer (its
-   persistence the ``Buffer``'s, else the slot's); anything else a plain attribute. Unlike
+   persistence the ``Buffer``'s, else the slot's); anything else a plain attribute. A buffer
+   goes through the module's own ``register_buffer`` where its class overrides ``nn.Module``'s:
+   with its persistence where the override takes ``persistent``, else without it, and a
+   non-persistent buffer is refused (``RuntimeError``) before anything changes. Unlike
    torch, rule 1 holds here too: the checks come before the name leaves the other registries,
    and a child's name is checked as ``add_module`` checks it.
 5. ``delattr(module, name)`` removes a parameter, a buffer (and its non-persistence) or a
@@ -29,7 +32,11 @@ Rules:
 6. ``swap_tensors(t1, t2)`` is ``torch.utils.swap_tensors`` with its refusals checked first
    and each named by its cause (``RuntimeError``): a weak reference to either tensor, different
    ``__slots__``, a TensorImpl held elsewhere than by its object and its own AccumulateGrad
-   node (a view, a saved tensor). Both tensors are left as they were.
+   node (a view, a saved tensor). Both tensors are left as they were. A swap it makes poisons
+   the AccumulateGrad node of each swapped leaf that has one, whatever the tensor's class: a
+   backward through a graph built before the swap raises instead of accumulating into the
+   other object (torch's poisons a wrong node for a subclass with the default
+   ``__torch_function__``).
 7. ``register_parametrization(module, name, parametrization, unsafe=False)`` is
    ``torch.nn.utils.parametrize.register_parametrization`` with rule 1: a first registration's
    ``unsafe=False`` checks (``right_inverse`` keeps the dtype, the parametrization keeps the
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import inspect
 import weakref
 from typing import Any
 
@@ -230,9 +238,24 @@ def setattr(module: nn.Module, name: str, value: Any, *, overwrite: bool | None 
                             "(torch.nn.Buffer, torch.Tensor or None expected)")
         persistent = (value.persistent if isinstance(value, Buffer)
                       else name not in module._non_persistent_buffers_set)
-        register_buffer(module, name, value, persistent)
+        _set_buffer(module, name, value, persistent)
     else:
         object.__setattr__(module, name, value)
+
+
+def _set_buffer(module: nn.Module, name: str, value: Any, persistent: bool) -> None:
+    """Rule 4's buffer: the reference's ``register_buffer``, or the override of the module's
+    class (with ``persistent`` where it takes it; a non-persistent buffer refused where not)."""
+    if type(module).register_buffer is nn.Module.register_buffer:
+        register_buffer(module, name, value, persistent)
+    elif "persistent" in inspect.signature(module.register_buffer).parameters:
+        module.register_buffer(name, value, persistent)
+    elif not persistent:
+        raise RuntimeError("Registering a non-persistent buffer on a Module subclass that "
+                           "implements register_buffer() without the persistent argument is "
+                           "not allowed.")
+    else:
+        module.register_buffer(name, value)
 
 
 def delattr(module: nn.Module, name: str, *, overwrite: bool | None = None,
@@ -260,7 +283,28 @@ def swap_tensors(t1: Tensor, t2: Tensor) -> None:
             raise RuntimeError(
                 f"Expected use_count of {label} to be 1 or 2 with an AccumulateGrad node but got "
                 f"{count} make sure you are not holding references to the tensor in other places.")
+    for t in (t1, t2):
+        if t._use_count() == 2:  # a leaf held by its own AccumulateGrad node (checked above)
+            _accumulate_grad_node(t).register_prehook(_poisoned)
     torch.utils.swap_tensors(t1, t2)
+
+
+def _accumulate_grad_node(t: Tensor) -> Any:
+    """``t``'s AccumulateGrad node, read with subclasses' ``__torch_function__`` off (through
+    it, ``get_gradient_edge`` answers a view node of the subclass's wrapping instead)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.autograd.graph.get_gradient_edge(t).node
+
+
+def _poisoned(grad_outputs: Any) -> None:
+    """Rule 6's pre-hook on a swapped leaf's AccumulateGrad node."""
+    raise RuntimeError(
+        "Trying to execute AccumulateGrad node that was poisoned by swap_tensors this can happen "
+        "when you try to run backward on a tensor that was swapped. For a module m with "
+        "`torch.__future__.set_swap_module_params_on_conversion(True)` you should not change the "
+        "device or dtype of the module (e.g. `m.cpu()` or `m.half()`) between running forward "
+        "and backward. To resolve this, please only change the device/dtype before running "
+        "forward (or after both forward and backward).")
 
 
 def register_parametrization(module: nn.Module, tensor_name: str, parametrization: nn.Module,

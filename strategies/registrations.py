@@ -13,16 +13,22 @@ tree (``owner``, its path), written as the source of torch's arguments (evaluate
   (``mention``).
 
 Owners are the tree's modules whose registration methods are ``nn.Module``'s own (a module that
-overrides ``__setattr__``, as RNNs do, has its own rules).
+overrides ``__setattr__``, as RNNs do, has its own rules). For ``setattr`` and ``delattr`` an
+owner's class may be drawn overridden (``override``): a subclass whose ``register_buffer`` takes
+``persistent`` (``"persistent"``) or, as in code written before the argument existed, does not
+(``"legacy"``); ``Module.__setattr__`` registers a buffer through it, and refuses a
+non-persistent buffer on a ``"legacy"`` owner (``defect`` ``legacy-override``).
 
 A :class:`SwapPair` is two tensors ``swap_tensors`` must refuse, each for one ``defect``: a weak
 reference to either, different ``__slots__``, a TensorImpl held by a saved tensor of a graph or
-by a view.
+by a view (made with or without grad mode). A :class:`GoodSwapPair` is two tensors it must
+swap: plain tensors, ``Parameter``s or both of a class with ``__slots__`` (each slot set or not),
+with ``__dict__`` attributes, ``requires_grad`` and a graph built on either before the swap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,6 +43,22 @@ OWN_METHODS = ("__setattr__", "__delattr__", "__getattr__", "register_parameter"
                "register_buffer", "add_module", "register_module")
 FRESH = "fresh_slot"
 TAKEN_BY_CLASS = ("forward", "training")  # a method; an instance attribute every module has
+# The owner's class, as source: nn.Module's register_buffer, or a subclass overriding it with or
+# without the ``persistent`` argument (``Module.__setattr__``'s "HACK" for the latter).
+BUFFER_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "": (),
+    "persistent": (
+        "class Owner(type(owner)):  # overrides register_buffer, persistent taken",
+        "    def register_buffer(self, name, tensor, persistent=True):",
+        "        torch.nn.Module.register_buffer(self, name, tensor, persistent)",
+        "owner.__class__ = Owner"),
+    "legacy": (
+        "class Owner(type(owner)):  # overrides register_buffer without persistent",
+        "    def register_buffer(self, name, tensor):",
+        "        torch.nn.Module.register_buffer(self, name, tensor)",
+        "owner.__class__ = Owner"),
+}
+SETATTR_METHODS = ("setattr", "delattr")
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,7 @@ class RegistrationCall:
     defect: str = ""
     error: type[BaseException] | None = None
     mention: str = ""
+    override: str = ""  # "", "persistent" or "legacy": the owner's class overrides register_buffer
 
     @property
     def arguments(self) -> str:
@@ -70,7 +93,14 @@ class RegistrationCall:
 
     @property
     def label(self) -> str:
-        return f"{self.method}({self.owner_code}, {self.arguments})"
+        override = f" [owner's register_buffer: {self.override}]" if self.override else ""
+        return f"{self.method}({self.owner_code}, {self.arguments}){override}"
+
+    @property
+    def setup(self) -> list[str]:
+        """Source lines, run with ``torch`` and ``owner`` in scope before the call, that give
+        the owner its drawn ``register_buffer`` override (none without one)."""
+        return list(BUFFER_OVERRIDES[self.override])
 
     def args(self) -> tuple[tuple, dict]:
         """Fresh ``(args, kwargs)`` evaluated from ``arguments``."""
@@ -129,7 +159,20 @@ def _free_slots(owner: nn.Module, table: dict) -> list[str]:
     return [n for n in table if not any(h and n.startswith(f"{h}_") for h in hooked)]
 
 
-def good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
+def _legacy_refused(call: RegistrationCall) -> bool:
+    """Whether ``call`` sets a non-persistent buffer by ``setattr`` on an owner whose
+    ``register_buffer`` override takes no ``persistent``: torch refuses it."""
+    return (call.override == "legacy" and call.method == "setattr" and call.ends == "buffer"
+            and not call.persistent)
+
+
+def good_forms(owner: nn.Module, path: str, override: str = "") -> list[RegistrationCall]:
+    """The forms torch accepts on ``owner`` (its ``setattr`` and ``delattr`` forms with the
+    ``register_buffer`` override ``override``)."""
+    return [f for f in _accepted_forms(owner, path, override) if not _legacy_refused(f)]
+
+
+def _accepted_forms(owner: nn.Module, path: str, override: str) -> list[RegistrationCall]:
     params, buffers = _free_slots(owner, owner._parameters), _free_slots(owner, owner._buffers)
     children, plain = list(owner._modules), _plain_attribute(owner)
     out: list[RegistrationCall] = []
@@ -138,7 +181,8 @@ def good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
             extra: str = "") -> None:
         shape = _shape(getattr(owner, name, None) if name != FRESH else None)
         out.append(RegistrationCall(method, path, name, _values(shape)[value] if value else "",
-                                    extra, "good", ends, persistent))
+                                    extra, "good", ends, persistent,
+                                    override=override if method in SETATTR_METHODS else ""))
 
     for name in [FRESH, *params[:1]]:
         for value in ("param", "none"):
@@ -170,16 +214,23 @@ def good_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
     return out
 
 
-def bad_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
+def bad_forms(owner: nn.Module, path: str, override: str = "") -> list[RegistrationCall]:
+    """The forms torch's documented rules refuse on ``owner`` (its ``setattr`` and ``delattr``
+    forms with the ``register_buffer`` override ``override``), each with its defect."""
     params, buffers = _free_slots(owner, owner._parameters), _free_slots(owner, owner._buffers)
     children, plain = list(owner._modules), _plain_attribute(owner)
-    out: list[RegistrationCall] = []
+    out: list[RegistrationCall] = [
+        replace(f, kind="bad", ends="", defect="legacy-override", error=RuntimeError,
+                mention="persistent")
+        for f in _accepted_forms(owner, path, override) if _legacy_refused(f)]
 
     def bad(method: str, name: Any, value: str, defect: str, error: type[BaseException],
             mention: str) -> None:
         shape = _shape(getattr(owner, name, None) if isinstance(name, str) and name else None)
+        overridden = method in SETATTR_METHODS and defect != "uninitialized"
         out.append(RegistrationCall(method, path, name, _values(shape)[value] if value else "",
-                                    "", "bad", defect=defect, error=error, mention=mention))
+                                    "", "bad", defect=defect, error=error, mention=mention,
+                                    override=override if overridden else ""))
 
     kinds = {"register_parameter": ("param", "parameter"), "register_buffer": ("tensor", "buffer"),
              "add_module": ("module", "module"), "register_module": ("module", "module")}
@@ -222,32 +273,50 @@ def bad_forms(owner: nn.Module, path: str) -> list[RegistrationCall]:
 
 
 @st.composite
-def registration_calls(draw: Any, module: nn.Module, kinds: tuple[str, ...] = ("good", "bad"),
-                       methods: tuple[str, ...] = REGISTRATION_METHODS) -> RegistrationCall:
-    """A registration call on one of ``module``'s plain owners, of one of ``kinds``: the
-    method, then the defect (a good form: the registry it ends in), then the form, each drawn
-    evenly."""
+def registration_forms(draw: Any, module: nn.Module, kinds: tuple[str, ...] = ("good", "bad"),
+                       methods: tuple[str, ...] = REGISTRATION_METHODS
+                       ) -> list[RegistrationCall]:
+    """Every form of ``kinds`` and ``methods`` on one of ``module``'s plain owners (drawn), with
+    a ``register_buffer`` override drawn for the owner where ``methods`` are ``setattr`` and
+    ``delattr`` only."""
     paths = owners(module)
     if not paths:
         from hypothesis import reject
 
         reject()
     path = draw(st.sampled_from(paths), label="owner")
+    override = ""
+    if set(methods) <= set(SETATTR_METHODS):
+        override = draw(st.sampled_from(list(BUFFER_OVERRIDES)), label="register_buffer override")
+        event(f"registration: owner's register_buffer {override or 'own'}")
     owner = module.get_submodule(path)
-    forms = [*(good_forms(owner, path) if "good" in kinds else ()),
-             *(bad_forms(owner, path) if "bad" in kinds else ())]
-    forms = [f for f in forms if f.method in methods]
+    forms = [*(good_forms(owner, path, override) if "good" in kinds else ()),
+             *(bad_forms(owner, path, override) if "bad" in kinds else ())]
+    return [f for f in forms if f.method in methods]
+
+
+@st.composite
+def registration_calls(draw: Any, module: nn.Module, kinds: tuple[str, ...] = ("good", "bad"),
+                       methods: tuple[str, ...] = REGISTRATION_METHODS) -> RegistrationCall:
+    """A registration call on one of ``module``'s plain owners, of one of ``kinds``: the owner
+    (and its ``register_buffer`` override, ``registration_forms``), the method, then the defect
+    (a good form: the registry it ends in), then the form, each drawn evenly."""
+    forms = draw(registration_forms(module, kinds, methods))
     method = draw(st.sampled_from(sorted({f.method for f in forms})), label="method")
     forms = [f for f in forms if f.method == method]
-    group = draw(st.sampled_from(sorted({(f.kind, f.defect or f.ends) for f in forms})),
-                 label="kind and defect")
-    event(f"registration: {method} {group[0]} {group[1]}")
-    return draw(st.sampled_from([f for f in forms if (f.kind, f.defect or f.ends) == group]),
-                label="registration")
+    group = draw(st.sampled_from(sorted({_group(f) for f in forms})), label="kind and defect")
+    event(f"registration: {method} {group[0]} {group[1]}{' None' if group[2] else ''}")
+    return draw(st.sampled_from([f for f in forms if _group(f) == group]), label="registration")
+
+
+def _group(call: RegistrationCall) -> tuple[str, str, bool]:
+    """What a call is drawn by: its kind, its defect (a good form: the registry it ends in), and
+    whether its value is ``None`` (a registered name kept, holding ``None``)."""
+    return call.kind, call.defect or call.ends, call.value == "None"
 
 
 # ---- swap_tensors ---------------------------------------------------------------------------
-SWAP_DEFECTS = ("weakref-t1", "weakref-t2", "slots", "saved", "view")
+SWAP_DEFECTS = ("weakref-t1", "weakref-t2", "slots", "saved", "view", "view-no-grad")
 
 
 @dataclass(frozen=True)
@@ -256,7 +325,7 @@ class SwapPair:
 
     ``setup`` makes ``t1``, ``t2`` and what holds them (``held``) with ``Slotted`` (a tensor
     subclass with ``__slots__``) and ``weakref`` in scope; ``requires_grad``: whether the tensor
-    the defect is on requires grad; ``mention``: a word the refusal's message must hold."""
+    the defect is on requires grad (always for ``saved`` and ``view-no-grad``); ``mention``: a word the refusal's message must hold."""
 
     defect: str
     shape: tuple[int, ...]
@@ -266,7 +335,8 @@ class SwapPair:
     @property
     def mention(self) -> str:
         return {"weakref-t1": "weakref", "weakref-t2": "weakref", "slots": "slots",
-                "saved": "use_count", "view": "use_count"}[self.defect]
+                "saved": "use_count", "view": "use_count",
+                "view-no-grad": "use_count"}[self.defect]
 
     def setup(self) -> str:
         shape, grad = self.shape, self.requires_grad
@@ -275,11 +345,14 @@ class SwapPair:
         other = f"torch.ones({shape})"
         held = {"weakref-t1": "weakref.ref(t1)", "weakref-t2": "weakref.ref(t2)",
                 "slots": "None", "saved": "t1 * t1",
-                "view": "t1.view(-1)"}[self.defect]
+                "view": "t1.view(-1)", "view-no-grad": "t1.view(-1)"}[self.defect]
         if self.defect == "slots":
             other = f"torch.ones({shape}).as_subclass(Slotted)"
-        if self.defect == "saved":
-            make = f"torch.zeros({shape}, requires_grad=True)"
+        if self.defect in ("saved", "view-no-grad"):  # a leaf that requires grad
+            make = (f"torch.nn.Parameter(torch.zeros({shape}))" if self.parameter
+                    else f"torch.zeros({shape}, requires_grad=True)")
+        if self.defect == "view-no-grad":  # the view holds t1; t1 has no AccumulateGrad node yet
+            return f"t1 = {make}\nt2 = {other}\nwith torch.no_grad():\n    held = {held}"
         return f"t1 = {make}\nt2 = {other}\nheld = {held}"
 
 
@@ -290,3 +363,76 @@ def swap_pairs(draw: Any) -> SwapPair:
     shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2), label="shape"))
     parameter = draw(st.booleans(), label="parameter") and defect != "saved"
     return SwapPair(defect, shape, parameter, draw(st.booleans(), label="requires_grad"))
+
+
+SWAP_CLASSES = ("tensor", "parameter", "slotted")
+
+
+@dataclass(frozen=True)
+class SwapSide:
+    """One tensor of a :class:`GoodSwapPair`: its class (``tensor``, ``parameter`` or
+    ``slotted``: ``Slotted``, a subclass with ``__slots__``), shape, dtype, ``requires_grad``,
+    whether its ``tag`` slot is set (``slotted`` only), whether it has a ``__dict__`` attribute
+    ``note``, and whether a graph is built on it before the swap (``graph``: a leaf that requires
+    grad, so its TensorImpl is held by its AccumulateGrad node too)."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    requires_grad: bool
+    slot: bool
+    note: bool
+    graph: bool
+
+    def setup(self, name: str, fill: int) -> list[str]:
+        """Source making the tensor ``name`` (filled with ``fill``) and, with ``graph``,
+        ``y_<name>``, a sum built on it."""
+        base = f"torch.full({self.shape}, {fill}, dtype=torch.{self.dtype})"
+        grad = self.requires_grad
+        make = {"tensor": f"{base}.requires_grad_({grad})",
+                "parameter": f"torch.nn.Parameter({base}, requires_grad={grad})",
+                "slotted": f"{base}.as_subclass(Slotted).requires_grad_({grad})"}[self.kind]
+        lines = [f"{name} = {make}"]
+        if self.slot:
+            lines.append(f"{name}.tag = {name!r}")
+        if self.note:
+            lines.append(f"{name}.note = {name!r}")
+        if self.graph:
+            lines.append(f"y_{name} = ({name} * 2).sum()")
+        return lines
+
+
+@dataclass(frozen=True)
+class GoodSwapPair:
+    """Two tensors ``swap_tensors`` swaps: ``t1`` (zeros) and ``t2`` (ones), as source with
+    ``Slotted`` in scope; see the module docstring."""
+
+    t1: SwapSide
+    t2: SwapSide
+
+    def setup(self) -> str:
+        return "\n".join([*self.t1.setup("t1", 0), *self.t2.setup("t2", 1)])
+
+
+@st.composite
+def swap_sides(draw: Any, slotted: bool) -> SwapSide:
+    """One side of a good pair: ``Slotted`` where ``slotted`` (``swap_tensors`` swaps only
+    tensors with the same slots), else a plain tensor or a ``Parameter``."""
+    kind = "slotted" if slotted else draw(st.sampled_from(SWAP_CLASSES[:2]), label="class")
+    shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2), label="shape"))
+    dtype = draw(st.sampled_from(("float32", "float64")), label="dtype")
+    requires_grad = draw(st.booleans(), label="requires_grad")
+    slot = slotted and draw(st.booleans(), label="slot set")
+    graph = requires_grad and draw(st.booleans(), label="graph built before the swap")
+    return SwapSide(kind, shape, dtype, requires_grad, slot,
+                    draw(st.booleans(), label="__dict__ attribute"), graph)
+
+
+@st.composite
+def good_swap_pairs(draw: Any) -> GoodSwapPair:
+    """A pair ``swap_tensors`` swaps: both ``Slotted`` (a third of the pairs) or neither."""
+    slotted = draw(st.integers(0, 2), label="slotted") == 0
+    pair = GoodSwapPair(draw(swap_sides(slotted)), draw(swap_sides(slotted)))
+    event(f"swap pair: {pair.t1.kind}/{pair.t2.kind}"
+          f"{' graph' if pair.t1.graph or pair.t2.graph else ''}")
+    return pair

@@ -161,6 +161,36 @@ def test_a_function_never_called_shows_zero_executed_and_the_tracer_is_restored(
     assert report["percent"] == pytest.approx(100 / 3, abs=0.1)
 
 
+MULTILINE = '''\
+def check(x):
+    if (
+        x > 0
+    ):
+        return 1
+    return 0
+'''
+
+
+def test_a_statement_over_several_lines_counts_where_a_later_line_ran(tmp_path, monkeypatch):
+    """An ``if (`` whose test stands on the next line runs no code on its first line; it counts
+    as run, as in coverage.py's own report, when the test ran."""
+    (tmp_path / "covlines.py").write_text(MULTILINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import covlines
+
+    scope = Scope("covlines", tmp_path, (("covlines.py", "*"),), ("covlines",))
+    data = tmp_path / "data"
+    data.mkdir()
+    measurement = Measurement(data, scope.paths())
+    measurement.start()
+    measurement.switch("covlines")
+    covlines.check(1)
+    measurement.switch("")
+    measurement.stop()
+    (check,) = coverage_report([scope], data, exclusions=[])["scopes"]["covlines"]["functions"]
+    assert (check["statements"], check["executed"], check["missed_lines"]) == (3, 2, [6])
+
+
 def test_the_plugin_does_not_import_coverage_without_the_option():
     code = ("import sys, swapspec.properties.harness.plugin; "
             "print('coverage' in sys.modules)")

@@ -16,9 +16,11 @@ from torch.nn.modules import module as torch_module
 from swapspec import reference
 from swapspec.properties.harness.targets import BUILTIN_FORMS
 from swapspec.strategies.registrations import (
+    BUFFER_OVERRIDES,
     SWAP_DEFECTS,
     RegistrationCall,
     SwapPair,
+    SwapSide,
     bad_forms,
     good_forms,
     owners,
@@ -39,8 +41,13 @@ def build() -> nn.Module:
 
 
 def _forms(make) -> list[RegistrationCall]:
+    """Every form ``make`` gives on each owner of ``build()``, with each ``register_buffer``
+    override for the ``setattr`` and ``delattr`` forms."""
     module = build()
-    return [f for path in owners(module) for f in make(module.get_submodule(path), path)]
+    forms = [f for path in owners(module) for f in make(module.get_submodule(path), path)]
+    return forms + [f for override in BUFFER_OVERRIDES if override
+                    for path in owners(module)
+                    for f in make(module.get_submodule(path), path, override) if f.override]
 
 
 def _shape(module: nn.Module) -> dict[str, Any]:
@@ -54,6 +61,13 @@ def _shape(module: nn.Module) -> dict[str, Any]:
 
 def _owner(call: RegistrationCall, module: nn.Module) -> nn.Module:
     return eval(call.owner_code, {"torch": torch, "module": module})
+
+
+def _built(call: RegistrationCall) -> nn.Module:
+    """``build()``, the call's owner given its ``register_buffer`` override."""
+    module = build()
+    exec("\n".join(call.setup), {"torch": torch, "owner": _owner(call, module)})
+    return module
 
 
 def _run(who: str, call: RegistrationCall, module: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -78,7 +92,7 @@ def _outcome(who: str, call: RegistrationCall, module: nn.Module) -> BaseExcepti
 @pytest.mark.parametrize("call", _forms(good_forms), ids=lambda c: c.label)
 def test_good_forms_end_as_torchs(call):
     """A good form leaves the module in torch's registration state, the given object in it."""
-    ours, theirs = build(), build()
+    ours, theirs = _built(call), _built(call)
     args, kwargs = call.args()
     _run("reference", call, ours, args, kwargs)
     _run("torch", call, theirs, args, kwargs)
@@ -92,13 +106,13 @@ def test_good_forms_end_as_torchs(call):
 def test_bad_forms_raise_torchs_error_and_change_nothing(call):
     """A bad form raises the drawn error type, naming the cause, with torch's message (where
     torch refuses it), and leaves the module's registration state as it was."""
-    module = build()
+    module = _built(call)
     before = _shape(module)
     error = _outcome("reference", call, module)
     assert isinstance(error, call.error), (call.defect, error)
     assert call.mention in str(error)
     assert _shape(module) == before
-    theirs = _outcome("torch", call, build())
+    theirs = _outcome("torch", call, _built(call))
     if (call.method, call.defect) in TORCH_ACCEPTS and call.value == "torch.nn.Linear(2, 2)":
         assert theirs is None  # the declared deviation: torch registers the child
     else:
@@ -131,7 +145,7 @@ def test_global_hooks_fire_as_torchs(call):
             for kind in ("parameter", "buffer", "module")]
         try:
             args, kwargs = call.args()
-            _run(who, call, build(), args, kwargs)
+            _run(who, call, _built(call), args, kwargs)
         finally:
             for handle in handles:
                 handle.remove()
@@ -176,7 +190,12 @@ def test_swap_tensors_refuses_by_cause(defect, requires_grad):
     theirs = _pair(defect, requires_grad)
     with pytest.raises(RuntimeError) as raised:
         torch.utils.swap_tensors(theirs["t1"], theirs["t2"])
-    assert (pair.mention in str(raised.value)) != (defect == "view" and not requires_grad)
+    unclear = defect == "view" and not requires_grad  # torch.register.swap-view-unclear-message
+    assert (pair.mention in str(raised.value)) != unclear
+    ours = _pair(defect, requires_grad)
+    with pytest.raises(RuntimeError) as refused:
+        reference.swap_tensors(ours["t1"], ours["t2"])
+    assert unclear or str(refused.value) == str(raised.value)  # torch's message, word for word
 
 
 def test_swap_tensors_swaps_a_good_pair():
@@ -184,3 +203,107 @@ def test_swap_tensors_swaps_a_good_pair():
     t1, t2 = torch.zeros(2), torch.ones(2)
     reference.swap_tensors(t1, t2)
     assert t1.all() and not t2.any()
+
+
+def test_legacy_override_registers_a_persistent_buffer_without_the_argument():
+    """On an owner whose ``register_buffer`` takes no ``persistent``, ``setattr`` of a persistent
+    buffer calls it without the argument, and a non-persistent one is refused before anything
+    changes (torch's ``__setattr__`` alike)."""
+    seen = []
+
+    class Legacy(nn.Module):
+        def register_buffer(self, name, tensor):
+            seen.append(name)
+            nn.Module.register_buffer(self, name, tensor)
+
+    module = Legacy()
+    reference.registration.setattr(module, "b", nn.Buffer(torch.zeros(2)))
+    assert seen == ["b"] and "b" in module._buffers
+    with pytest.raises(RuntimeError, match="persistent"):
+        reference.registration.setattr(module, "c", nn.Buffer(torch.zeros(2), persistent=False))
+    assert seen == ["b"] and "c" not in module._buffers and "c" not in module.__dict__
+
+
+def _graphed(kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(t1, t2, y)``: a pair of ``kind`` (``SwapSide`` classes) and a sum built on ``t1``."""
+    class Slotted(torch.Tensor):
+        __slots__ = ("tag",)
+
+    namespace = {"torch": torch, "Slotted": Slotted}
+    side = SwapSide(kind, (2,), "float32", True, False, False, True)
+    other = SwapSide(kind, (2,), "float32", False, False, False, False)
+    exec("\n".join([*side.setup("t1", 0), *other.setup("t2", 1)]), namespace)
+    return namespace["t1"], namespace["t2"], namespace["y_t1"]
+
+
+@pytest.mark.parametrize("kind", ["tensor", "parameter", "slotted"])
+def test_swap_tensors_poisons_the_graph_of_every_class(kind):
+    """A backward through a graph built on a swapped leaf raises on the reference for every
+    tensor class, and writes no grad; torch's misses a subclass's node (declared)."""
+    t1, t2, y = _graphed(kind)
+    reference.swap_tensors(t1, t2)
+    with pytest.raises(RuntimeError, match="poisoned") as ours:
+        y.backward()
+    assert t1.grad is None and t2.grad is None
+    t1, t2, y = _graphed(kind)
+    torch.utils.swap_tensors(t1, t2)
+    if kind == "slotted":
+        y.backward()  # torch.register.swap-subclass-graph-not-poisoned
+        assert t2.grad is not None
+    else:
+        with pytest.raises(RuntimeError, match="poisoned") as theirs:
+            y.backward()
+        assert str(ours.value) == str(theirs.value)  # torch's message, word for word
+
+
+class _Twice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+
+class _NegFlat(nn.Module):
+    """Refused (it changes the shape) after torch wrote ``right_inverse``'s result."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten()
+
+    def right_inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return -x.flatten()
+
+
+def test_register_parametrization_registers_and_stacks_as_torchs():
+    """A first and a stacked registration give torch's parametrized module and value."""
+    ours = nn.Linear(3, 2)
+    theirs = nn.Linear(3, 2)
+    theirs.load_state_dict(ours.state_dict())
+    for _ in range(2):
+        got = reference.registration.register_parametrization(ours, "weight", _Twice())
+        want = torch.nn.utils.parametrize.register_parametrization(theirs, "weight", _Twice())
+        assert got is ours and type(want) is type(theirs)
+        assert torch.equal(ours.weight, theirs.weight)
+    assert len(ours.parametrizations.weight) == 2
+
+
+@pytest.mark.parametrize("slot", ["parameter", "buffer"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_refused_first_parametrization_changes_nothing(slot, requires_grad):
+    """A first registration torch refuses raises torch's ValueError on the reference and leaves
+    the tensor's object, values, shape and ``requires_grad`` as they were (torch writes
+    ``right_inverse``'s result first: torch.parametrize.refused-first-writes)."""
+    module = nn.Module()
+    tensor = torch.arange(6.0).reshape(2, 3)
+    if slot == "parameter":
+        module.register_parameter("t", nn.Parameter(tensor.clone(), requires_grad=requires_grad))
+    else:
+        module.register_buffer("t", tensor.clone().requires_grad_(requires_grad))
+    held = module.t
+    with pytest.raises(ValueError, match="shape") as ours:
+        reference.registration.register_parametrization(module, "t", _NegFlat())
+    assert module.t is held and torch.equal(held.detach(), tensor)
+    assert held.shape == (2, 3) and held.requires_grad == requires_grad
+    assert not torch.nn.utils.parametrize.is_parametrized(module)
+    theirs = nn.Module()
+    theirs.register_buffer("t", tensor.clone())
+    with pytest.raises(ValueError) as raised:
+        torch.nn.utils.parametrize.register_parametrization(theirs, "t", _NegFlat())
+    assert str(ours.value) == str(raised.value)

@@ -46,6 +46,13 @@ def view_of_a_tensor_without_grad(example: Any) -> bool:
     return pair.defect == "view" and not pair.requires_grad
 
 
+def graph_on_a_subclass(example: Any) -> bool:
+    """A good swap pair where a graph is built before the swap on a side of a tensor subclass
+    with the default ``__torch_function__`` (``Slotted``)."""
+    pair = _call(example)
+    return any(side.graph and side.kind == "slotted" for side in (pair.t1, pair.t2))
+
+
 REGISTRATION_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         "REGISTER-REFUSED", non_leaf_parameter_over_a_name, "changed-on-error",
@@ -78,4 +85,18 @@ REGISTRATION_DEVIATIONS: tuple[Deviation, ...] = (
         "the gradient edge ...",
         torch_versions=TORCH_CHECKED,
         id="torch.register.swap-view-unclear-message"),
+    Deviation(
+        "REGISTER-SWAP", graph_on_a_subclass, "stale-graph",
+        "swap_tensors poisons the wrong autograd node of a tensor subclass that keeps the default "
+        "__torch_function__: torch.autograd.graph.get_gradient_edge(t) goes through the "
+        "subclass's view_as, whose result as_subclass wraps in a new node, and answers that "
+        "view node instead of t's AccumulateGrad node; the pre-hook lands there, so a backward "
+        "through a graph built before the swap runs and accumulates a grad into the other "
+        "object (torch 2.13). Repro: class Sub(torch.Tensor): pass; "
+        "t = torch.ones(1).as_subclass(Sub).requires_grad_(); y = (t * 2).sum(); "
+        "o = torch.zeros(1).as_subclass(Sub); torch.utils.swap_tensors(t, o); "
+        "y.backward()  # no 'poisoned by swap_tensors' error; o.grad == tensor([2.]); "
+        "type(torch.autograd.graph.get_gradient_edge(o).node).__name__  # 'ViewBackward0'",
+        torch_versions=TORCH_CHECKED,
+        id="torch.register.swap-subclass-graph-not-poisoned"),
 )

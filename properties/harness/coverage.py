@@ -380,9 +380,15 @@ def _statements(cov: Any, path: Path) -> set[int]:
     return set(cov.analysis2(str(path))[1])
 
 
-def _executed(data: Any, path: Path, contexts: set[str]) -> set[int]:
+def _executed(cov: Any, data: Any, path: Path, contexts: set[str]) -> set[int]:
+    """The statements of ``path`` that ran in ``contexts``, each by its first line as coverage.py
+    numbers statements: a statement over several lines whose first line runs no code of its own
+    (``if (`` with its test on the next line) is recorded under a later line, and
+    ``translate_lines`` maps it back, as coverage.py's own report does."""
     by_line = data.contexts_by_lineno(str(path)) or {}
-    return {line for line, names in by_line.items() if contexts & set(names)}
+    lines = {line for line, names in by_line.items() if contexts & set(names)}
+    reporter = _coverage_module().python.PythonFileReporter(str(path), coverage=cov)
+    return set(reporter.translate_lines(lines))
 
 
 def scope_report(scope: Scope, cov: Any, data: Any, exclusions: Sequence[Exclusion]) -> dict:
@@ -397,7 +403,7 @@ def scope_report(scope: Scope, cov: Any, data: Any, exclusions: Sequence[Exclusi
     for path, function in scope_functions(scope):
         if path not in statements_of:
             statements_of[path] = _statements(cov, path)
-            executed_of[path] = _executed(data, path, contexts)
+            executed_of[path] = _executed(cov, data, path, contexts)
         body = set(range(function.first, function.last + 1))
         statements = statements_of[path] & body
         excluded: set[int] = set()

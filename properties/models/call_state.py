@@ -53,6 +53,32 @@ def registration_state(module: nn.Module) -> dict[str, tuple]:
     }
 
 
+REGISTRIES = ("_parameters", "_buffers", "_modules")
+
+
+def registrations_kept(module: nn.Module) -> list[tuple[nn.Module, dict, list[dict], set]]:
+    """Per module of the tree: shallow copies of its ``__dict__``, its registries and its
+    non-persistent set, for ``put_back_registrations``."""
+    return [(m, dict(m.__dict__), [dict(getattr(m, r)) for r in REGISTRIES],
+             set(m._non_persistent_buffers_set))
+            for m in module.modules(remove_duplicate=True)]
+
+
+def put_back_registrations(kept: list[tuple[nn.Module, dict, list[dict], set]]) -> None:
+    """Every module as ``registrations_kept`` found it: its ``__dict__`` entries, then the
+    contents of its registries and non-persistent set, in their own objects."""
+    for m, attributes, registries, non_persistent in kept:
+        for key in [k for k in m.__dict__ if k not in attributes]:
+            del m.__dict__[key]
+        m.__dict__.update(attributes)
+        for registry, content in zip(REGISTRIES, registries, strict=True):
+            table = getattr(m, registry)
+            table.clear()
+            table.update(content)
+        m._non_persistent_buffers_set.clear()
+        m._non_persistent_buffers_set.update(non_persistent)
+
+
 _MISSING = object()
 
 

@@ -4,6 +4,8 @@ the ``swap_tensors`` the swap paths use: one rule per test."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -19,16 +21,23 @@ from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.repro import is_torch, registration_repro
 from swapspec.properties.harness.target_calls import call_target
 from swapspec.properties.models import invariants
-from swapspec.properties.models.call_state import registration_state
+from swapspec.properties.models.call_state import (
+    put_back_registrations,
+    registration_state,
+    registrations_kept,
+)
 from swapspec.properties.models.examples import Example, same_values, slots
 from swapspec.properties.models.outcomes import Outcome, attempt
 from swapspec.properties.rules.clauses import no_error
 from swapspec.strategies import FlagSetting, module_trees
 from swapspec.strategies.registrations import (
     REGISTRATION_METHODS,
+    GoodSwapPair,
     RegistrationCall,
     SwapPair,
+    good_swap_pairs,
     registration_calls,
+    registration_forms,
     swap_pairs,
 )
 
@@ -58,28 +67,29 @@ def _setup(property_id: str, target: Any, module: nn.Module, call: RegistrationC
     return example, Checker(property_id, target, example), owner
 
 
+@contextmanager
+def _owner_class(owner: nn.Module, setup: list[str]) -> Iterator[None]:
+    """``owner`` with the class a call's ``setup`` gives it (a ``register_buffer`` override)
+    inside the block, its own class put back after it, even on failure."""
+    own = type(owner)
+    try:
+        exec("\n".join(setup), {"torch": torch, "owner": owner})
+        yield
+    finally:
+        owner.__class__ = own
+
+
 def _verdict(check: Checker, example: Example, target: Any, setup: list[str] = ()) -> None:
-    check.verdict(partial(registration_repro, example, target, setup=list(setup)))
+    lines = [*example.method.setup, *setup]
+    check.verdict(partial(registration_repro, example, target, setup=lines))
 
 
-@spec_property("REGISTER-REFUSED")
-@by_method
-@given(data=st.data())
-def test_refused_registration_leaves_module_as_it_was(target, methods, data):
-    """A refused registration (a name that is not a string, dotted, empty or another attribute's;
-    a value of the wrong kind; a non-leaf ``Parameter``; ``delattr`` of a missing name; a module
-    whose ``__init__`` never ran) raises
-    torch's error type with a message that names the cause, and leaves the module exactly as it
-    was (every slot's object and value, every class, ``__dict__``, hook table and
-    non-persistent set).
-
-    Origin: ``nn.Module.register_parameter``'s and ``register_buffer``'s documented refusals;
-    ``m.buf = p`` with a non-leaf ``p`` drops the buffer in torch 2.13 before it raises.
-    """
-    module = data.draw(trees, label="module")
-    call = data.draw(registration_calls(module, kinds=("bad",), methods=methods), label="call")
+def _check_refused(target: Any, module: nn.Module, call: RegistrationCall,
+                   world: invariants.World) -> None:
+    """REGISTER-REFUSED's clauses for one refused form, judged on its own; ``world``: the
+    module as drawn (every refused form before this one left it so, or was put back)."""
     example, check, owner = _setup("REGISTER-REFUSED", target, module, call)
-    world, before = invariants.world([module]), registration_state(module)
+    before = registration_state(module)
     args, kwargs = call.args()
     error = _register(target, owner, call, args, kwargs).error
     if check.that(error is not None, "accepted", f"{call.label} ({call.defect}) was accepted"):
@@ -95,6 +105,39 @@ def test_refused_registration_leaves_module_as_it_was(target, methods, data):
                    f"{call.label} raised, yet a registry, __dict__ or the non-persistent set "
                    "changed")
     _verdict(check, example, target)
+
+
+@spec_property("REGISTER-REFUSED")
+@by_method
+@given(data=st.data())
+def test_refused_registration_leaves_module_as_it_was(target, methods, data):
+    """A refused registration (a name that is not a string, dotted, empty or another attribute's;
+    a value of the wrong kind; a non-leaf ``Parameter``; ``delattr`` of a missing name; a module
+    whose ``__init__`` never ran; a non-persistent buffer set on a module whose
+    ``register_buffer`` override takes no ``persistent``) raises
+    torch's error type with a message that names the cause, and leaves the module exactly as it
+    was (every slot's object and value, every class, ``__dict__``, hook table and
+    non-persistent set).
+
+    Every refused form of the drawn owner is made, one after another, each judged on its own;
+    where a declared deviation changed the module, its registrations are put back before the
+    next form.
+
+    Origin: ``nn.Module.register_parameter``'s and ``register_buffer``'s documented refusals;
+    ``m.buf = p`` with a non-leaf ``p`` drops the buffer in torch 2.13 before it raises;
+    ``Module.__setattr__``'s refusal of a non-persistent buffer on a subclass whose
+    ``register_buffer`` predates the argument.
+    """
+    module = data.draw(trees, label="module")
+    forms = data.draw(registration_forms(module, kinds=("bad",), methods=methods), label="forms")
+    owner = module.get_submodule(forms[0].owner)  # every form's but the uninitialized module's
+    with _owner_class(owner, next((f.setup for f in forms if f.setup), [])):
+        kept, world = registrations_kept(module), invariants.world([module])
+        for call in forms:
+            before = registration_state(module)
+            _check_refused(target, module, call, world)
+            if registration_state(module) != before:  # declared: put back for the next form
+                put_back_registrations(kept)
 
 
 def _paths_of(module: nn.Module, owner: nn.Module) -> list[str]:
@@ -226,7 +269,8 @@ def test_registration_fills_exactly_its_slot(target, methods, data):
 
     Origin: ``nn.Module.__setattr__``'s rules (a ``Parameter`` over a buffer, ``None`` over a
     parameter keeps it registered) and ``register_parameter``'s and ``register_buffer``'s
-    documented ``None`` slot (left out of ``state_dict``, skipped by ``cuda``).
+    documented ``None`` slot (left out of ``state_dict``, skipped by ``cuda``); its buffer
+    path through a subclass's own ``register_buffer``, with or without ``persistent``.
     """
     module = data.draw(trees, label="module")
     call = data.draw(registration_calls(module, kinds=("good",), methods=methods), label="call")
@@ -235,13 +279,14 @@ def test_registration_fills_exactly_its_slot(target, methods, data):
     before = slots(module)
     args, kwargs = call.args()
     value = args[1] if len(args) > 1 else None
-    outcome = _register(target, owner, call, args, kwargs)
-    if no_error(check, outcome, call.label):
-        _check_ends(check, owner, call, value)
-        _check_others_kept(check, module, before, keys)
-        _check_apply_sees(check, target, module, value, call.label)
-        _check_load_sees(check, target, module, owner, call, value)
-        _check_call_sees(check, target, module, owner, call, value)
+    with _owner_class(owner, call.setup):
+        outcome = _register(target, owner, call, args, kwargs)
+        if no_error(check, outcome, call.label):
+            _check_ends(check, owner, call, value)
+            _check_others_kept(check, module, before, keys)
+            _check_apply_sees(check, target, module, value, call.label)
+            _check_load_sees(check, target, module, owner, call, value)
+            _check_call_sees(check, target, module, owner, call, value)
     _verdict(check, example, target)
 
 
@@ -305,7 +350,8 @@ def test_global_registration_hooks(target, methods, data):
     tables = _global_hook_keys()
     handles = [HOOK_REGISTRARS[kind](hook(kind)) for kind in KINDS]
     try:
-        outcome = _register(target, owner, call, args, kwargs)
+        with _owner_class(owner, call.setup):
+            outcome = _register(target, owner, call, args, kwargs)
     finally:
         for handle in handles:
             handle.remove()
@@ -401,3 +447,89 @@ def test_swap_tensors_refuses_bad_pairs(target, pair):
                "changed-on-error", f"swap_tensors changed a tensor of a pair with {pair.defect}")
     del made
     check.verdict(partial(swap_repro, pair, target))
+
+
+_NO_SLOT = object()
+
+
+def _side_state(t: torch.Tensor) -> tuple:
+    """What a swap exchanges: class, the ``__dict__`` object, the slot, values, ``requires_grad``."""
+    return (type(t), t.__dict__, getattr(t, "tag", _NO_SLOT), t.detach().clone(),
+            t.requires_grad)
+
+
+def _swapped(now: tuple, was: tuple) -> list[str]:
+    """The parts of ``now`` that are not ``was``'s (the other tensor's before the swap)."""
+    parts = ("class", "__dict__", "slot", "values", "requires_grad")
+    same = (now[0] is was[0], now[1] is was[1], now[2] is was[2] or now[2] == was[2],
+            now[3].dtype == was[3].dtype and same_values(now[3], was[3]), now[4] == was[4])
+    return [p for p, ok in zip(parts, same, strict=True) if not ok]
+
+
+def good_swap_repro(pair: GoodSwapPair, target: Any, violations: list) -> str:
+    """A standalone script of the good pair's swap, checked as REGISTER-SWAP checks it:
+    ``torch.utils.swap_tensors`` for the torch targets, else the target's own."""
+    swap, load = "torch.utils.swap_tensors", []
+    if not is_torch(target):
+        swap = "swap_tensors"
+        load = ["from swapspec.properties.harness.targets import load_target", "",
+                f"swap_tensors = load_target({target.selector!r}).swap_tensors"]
+    state = "(type(t), t.__dict__, getattr(t, 'tag', None), t.detach().clone(), t.requires_grad)"
+    graphs = [f"y_{n}" for n, side in (("t1", pair.t1), ("t2", pair.t2)) if side.graph]
+    lines = ["import torch", *load, "", *SLOTTED, pair.setup(),
+             *(f"# broken rule [{v.clause}]: {v.message}" for v in violations),
+             f"was = [{state} for t in (t1, t2)]", f"{swap}(t1, t2)",
+             f"now = [{state} for t in (t1, t2)]",
+             "for a, b in zip(now, reversed(was)):",
+             "    assert a[0] is b[0] and a[1] is b[1] and a[2] == b[2] and a[4] == b[4], (a, b)",
+             "    assert a[3].dtype == b[3].dtype and torch.equal(a[3], b[3])"]
+    for y in graphs:
+        lines += ["try:", f"    {y}.backward()", "    raised = False",
+                  "except RuntimeError:", "    raised = True",
+                  f"assert raised, 'backward through {y}, built before the swap, ran'"]
+    return "\n".join(lines) + "\n"
+
+
+def _check_stale_graphs(check: Checker, made: dict[str, Any], pair: GoodSwapPair) -> None:
+    """Clause ``stale-graph``: a backward through a graph built before the swap raises a
+    ``RuntimeError`` and writes no grad."""
+    for name, side in (("t1", pair.t1), ("t2", pair.t2)):
+        if not side.graph:
+            continue
+        error = attempt(made[f"y_{name}"].backward).error
+        check.that(isinstance(error, RuntimeError), "stale-graph",
+                   f"backward through a graph built on {name} before the swap gave "
+                   f"{type(error).__name__ if error else 'no error'}, not RuntimeError")
+        check.that(made["t1"].grad is None and made["t2"].grad is None, "stale-graph",
+                   f"backward through a graph built on {name} before the swap wrote a grad")
+
+
+@spec_property("REGISTER-SWAP")
+@given(pair=good_swap_pairs())
+def test_swap_tensors_swaps_good_pairs(target, pair):
+    """The target's ``swap_tensors`` swaps each pair it accepts (plain tensors, ``Parameter``s or
+    both of a class with ``__slots__``, set or not; ``__dict__`` attributes; a leaf's
+    TensorImpl held by its own AccumulateGrad node): afterwards ``t1`` has ``t2``'s class,
+    ``__dict__`` (the same object), slot values, values, dtype and ``requires_grad``, and ``t2``
+    has ``t1``'s; and a backward through a graph built on either tensor before the swap raises a
+    ``RuntimeError`` instead of accumulating a grad into either.
+
+    Origin: ``torch.utils.swap_tensors``' docstring (``t1`` gets ``t2``'s content and keeps its
+    identity) and its AccumulateGrad pre-hook for tensors swapped between forward and backward
+    (``torch.__future__.set_swap_module_params_on_conversion``'s note).
+    """
+    made = _make_pair(pair)
+    t1, t2 = made["t1"], made["t2"]
+    check = Checker("REGISTER-SWAP", target, Example(nn.Module(), method=pair))
+    before = (_side_state(t1), _side_state(t2))
+    outcome = attempt(lambda: target.swap_tensors(t1, t2))
+    if no_error(check, outcome, "swap_tensors"):
+        for name, now, was in (("t1", _side_state(t1), before[1]),
+                               ("t2", _side_state(t2), before[0])):
+            wrong = _swapped(now, was)
+            check.that(not wrong, "not-swapped",
+                       f"after swap_tensors {name} does not hold the other tensor's "
+                       f"{', '.join(wrong)}")
+        _check_stale_graphs(check, made, pair)
+    del made
+    check.verdict(partial(good_swap_repro, pair, target))
