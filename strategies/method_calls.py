@@ -31,6 +31,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from swapspec.strategies.contracts import Contract, every_tensor, floating_or_complex, is_floating
 from swapspec.strategies.conversions import Conversion, is_uninitialized, runs_on
 
 
@@ -73,42 +74,75 @@ def _to_fn(device: str | None, dtype: str | None, non_blocking: bool = False,
             f"else {plain}")
 
 
-_META = {"preserves_values": False, "changes_impl": True, "device": "meta"}
+def _cast(dtype: torch.dtype, converts: Callable = floating_or_complex,
+          device: str | None = None) -> Contract:
+    """The contract of a cast to ``dtype`` of the tensors ``converts`` accepts: that dtype,
+    values within its rounding (on meta, none kept)."""
+    where = "floating" if converts is is_floating else (
+        "floating and complex" if converts is floating_or_complex else "every")
+    on = f" on {device}" if device else ""
+    return Contract(f"{dtype} for {where} tensors{on}, values within {dtype}'s rounding"
+                    if device != "meta" else f"{dtype} for {where} tensors, on meta (no values)",
+                    converts=converts, dtype=dtype, device=device, values=device != "meta")
+
+
+_KEEP = Contract("the same tensor values, dtype and device")
+_TO_META = Contract("on meta, dtype kept, values not kept", device="meta", values=False)
+_EMPTY_CPU = Contract("a new tensor of the same dtype on cpu, values not kept", device="cpu",
+                      values=False)
+_META = {"preserves_values": False, "changes_impl": True, "device": "meta",
+         "contract": _TO_META}
 _LAZY = {"lazy_safe": True}
+
+
+def _with(options: dict, contract: Contract) -> dict:
+    return {**options, "contract": contract}
+
 
 # (call, per-tensor fn source, Conversion options)
 CONVERSION_FORMS: tuple[tuple[MethodCall, str, dict], ...] = (
-    (MethodCall("to", "torch.float64"), _to_fn(None, "torch.float64"), _LAZY),
-    (MethodCall("to", "dtype=torch.float16"), _to_fn(None, "torch.float16"), _LAZY),
-    (MethodCall("to", "torch.complex64"), _to_fn(None, "torch.complex64"), _LAZY),
+    (MethodCall("to", "torch.float64"), _to_fn(None, "torch.float64"),
+     _with(_LAZY, _cast(torch.float64))),
+    (MethodCall("to", "dtype=torch.float16"), _to_fn(None, "torch.float16"),
+     _with(_LAZY, _cast(torch.float16))),
+    (MethodCall("to", "torch.complex64"), _to_fn(None, "torch.complex64"),
+     _with(_LAZY, _cast(torch.complex64))),
     (MethodCall("to", "torch.bfloat16, non_blocking=True"),
-     _to_fn(None, "torch.bfloat16", True), {}),
-    (MethodCall("to", "'cpu'"), _to_fn("cpu", None), _LAZY),
+     _to_fn(None, "torch.bfloat16", True), {"contract": _cast(torch.bfloat16)}),
+    (MethodCall("to", "'cpu'"), _to_fn("cpu", None), _with(_LAZY, _KEEP)),
     (MethodCall("to", "device='meta'"), _to_fn("meta", None), _META),
-    (MethodCall("to", "'cpu', torch.float64, True"), _to_fn("cpu", "torch.float64", True), _LAZY),
+    (MethodCall("to", "'cpu', torch.float64, True"), _to_fn("cpu", "torch.float64", True),
+     _with(_LAZY, _cast(torch.float64, device="cpu"))),
     (MethodCall("to", "device='meta', dtype=torch.float16, non_blocking=True"),
-     _to_fn("meta", "torch.float16", True), _META),
+     _to_fn("meta", "torch.float16", True),
+     _with(_META, _cast(torch.float16, device="meta"))),
     (MethodCall("to", "torch.empty(0, dtype=torch.float64)"), _to_fn("cpu", "torch.float64"),
-     _LAZY),
+     _with(_LAZY, _cast(torch.float64, device="cpu"))),
     (MethodCall("to", "torch.empty(0, dtype=torch.float16, device='meta'), non_blocking=True"),
-     _to_fn("meta", "torch.float16", True), _META),
+     _to_fn("meta", "torch.float16", True), _with(_META, _cast(torch.float16, device="meta"))),
     (MethodCall("to", "memory_format=torch.channels_last"),
-     _to_fn(None, None, memory_format="torch.channels_last"), {}),
+     _to_fn(None, None, memory_format="torch.channels_last"), {"contract": _KEEP}),
     (MethodCall("to", "torch.float64, memory_format=torch.channels_last"),
-     _to_fn(None, "torch.float64", memory_format="torch.channels_last"), {}),
+     _to_fn(None, "torch.float64", memory_format="torch.channels_last"),
+     {"contract": _cast(torch.float64)}),
     (MethodCall("to_empty", "device='cpu'"), "lambda t: torch.empty_like(t, device='cpu')",
-     {"preserves_values": False}),
+     {"preserves_values": False, "contract": _EMPTY_CPU}),
     (MethodCall("to_empty", "device='meta', recurse=True"),
      "lambda t: torch.empty_like(t, device='meta')", _META),
-    (MethodCall("half"), "lambda t: t.half() if t.is_floating_point() else t", _LAZY),
-    (MethodCall("float"), "lambda t: t.float() if t.is_floating_point() else t", _LAZY),
-    (MethodCall("double"), "lambda t: t.double() if t.is_floating_point() else t", _LAZY),
-    (MethodCall("bfloat16"), "lambda t: t.bfloat16() if t.is_floating_point() else t", {}),
-    (MethodCall("type", "torch.float64"), "lambda t: t.type(torch.float64)", {}),
+    (MethodCall("half"), "lambda t: t.half() if t.is_floating_point() else t",
+     _with(_LAZY, _cast(torch.float16, is_floating))),
+    (MethodCall("float"), "lambda t: t.float() if t.is_floating_point() else t",
+     _with(_LAZY, _cast(torch.float32, is_floating))),
+    (MethodCall("double"), "lambda t: t.double() if t.is_floating_point() else t",
+     _with(_LAZY, _cast(torch.float64, is_floating))),
+    (MethodCall("bfloat16"), "lambda t: t.bfloat16() if t.is_floating_point() else t",
+     {"contract": _cast(torch.bfloat16, is_floating)}),
+    (MethodCall("type", "torch.float64"), "lambda t: t.type(torch.float64)",
+     {"contract": _cast(torch.float64, every_tensor)}),
     (MethodCall("type", "dst_type='torch.HalfTensor'"), "lambda t: t.type('torch.HalfTensor')",
-     {}),
-    (MethodCall("cpu"), "lambda t: t.cpu()", _LAZY),
-    (MethodCall("share_memory"), "lambda t: t.share_memory_()", {}),
+     {"contract": _cast(torch.float16, every_tensor)}),
+    (MethodCall("cpu"), "lambda t: t.cpu()", _with(_LAZY, _KEEP)),
+    (MethodCall("share_memory"), "lambda t: t.share_memory_()", {"contract": _KEEP}),
 )
 # Only for APPLY-RECURSE-FALSE: the one public method that takes ``recurse``.
 RECURSE_FALSE_FORMS: tuple[tuple[MethodCall, str, dict], ...] = (
