@@ -65,23 +65,27 @@ class Contract:
     dequantize: Callable[[Tensor], Tensor] | None = field(default=None, compare=False)
     raises: Callable[[Tensor], bool] = _never
 
-    def dtype_for(self, before: Tensor) -> torch.dtype:
-        """The dtype the result of converting ``before`` must have."""
-        if self.dtype is None or not self.converts(before):
+    def dtype_for(self, before: Tensor, converted: bool | None = None) -> torch.dtype:
+        """The dtype the result of converting ``before`` must have (``converted``: whether the
+        conversion converts it; None: as ``converts`` says)."""
+        converted = self.converts(before) if converted is None else converted
+        if self.dtype is None or not converted:
             return before.dtype
         return self.dtype if isinstance(self.dtype, torch.dtype) else self.dtype(before.dtype)
 
-    def problems(self, before: Tensor, after: Tensor) -> list[str]:
+    def problems(self, before: Tensor, after: Tensor, converted: bool | None = None
+                 ) -> list[str]:
         """How ``after`` (the result of converting ``before``, a copy of the input) breaks the
-        contract; empty when it meets it."""
-        if not self.converts(before):
+        contract; empty when it meets it. ``converted``: whether the conversion converts
+        ``before`` (None: as ``converts`` says)."""
+        if not (self.converts(before) if converted is None else converted):
             return _unchanged_problems(before, after)
         out = []
-        want_cls = self.cls or type(before)
+        want_cls = self.cls or tensor_class(before)
         if not isinstance(after, want_cls):
             out.append(f"class {type(after).__name__}, want {want_cls.__name__}")
-        if after.dtype != self.dtype_for(before):
-            out.append(f"dtype {after.dtype}, want {self.dtype_for(before)}")
+        if after.dtype != self.dtype_for(before, True):
+            out.append(f"dtype {after.dtype}, want {self.dtype_for(before, True)}")
         device = self.device or before.device.type
         if after.device.type != device:
             out.append(f"device {after.device.type}, want {device}")
@@ -112,7 +116,7 @@ class Contract:
 def _unchanged_problems(before: Tensor, after: Tensor) -> list[str]:
     """A tensor the conversion does not convert: same class, dtype, device and values."""
     out = [f"{what} {got}, want it kept ({want})" for what, got, want in (
-        ("class", type(after).__name__, type(before).__name__),
+        ("class", tensor_class(after).__name__, tensor_class(before).__name__),
         ("dtype", after.dtype, before.dtype), ("device", after.device.type, before.device.type))
         if got != want]
     if not out:
@@ -120,6 +124,12 @@ def _unchanged_problems(before: Tensor, after: Tensor) -> list[str]:
         if got is not None and want is not None and not close(got, want, 0.0, 0.0):
             out.append("values changed where the contract keeps them")
     return out
+
+
+def tensor_class(t: Tensor) -> type:
+    """The class that holds ``t``'s values: its own for a tensor subclass with its own dispatch
+    (``QWeight``, ``TwoTensor``), else ``Tensor`` (a parameter, a buffer, a plain tensor)."""
+    return type(t) if type(t).__torch_dispatch__ is not Tensor.__torch_dispatch__ else Tensor
 
 
 def plain_values(t: Tensor) -> Tensor | None:
@@ -188,7 +198,9 @@ class ModuleConversion:
     converts (a documented rebinding: an optimizer must be built after). ``refuse``: the source
     of an in-place function ``tensor -> None`` that makes a tensor the conversion converts one
     it refuses (``"lambda t: t.fill_(float('nan'))"``), for the atomicity property; None when
-    the conversion refuses nothing.
+    the conversion refuses nothing. ``selects(module)``: the dotted names of the tensors it
+    converts (a quantizer converts the weights of some layers only); None: every tensor its
+    contract's ``converts`` accepts. Every other tensor must come back as it was.
     """
 
     name: str
@@ -197,6 +209,13 @@ class ModuleConversion:
     imports: str = ""
     rebinds: bool = False
     refuse: str | None = None
+    selects: Callable[[nn.Module], Any] | None = field(default=None, compare=False)
+
+    def converted_names(self, module: nn.Module, names: Any) -> set[str]:
+        """Which of ``names`` (``{name: tensor}`` of ``module``, before) it converts."""
+        if self.selects is not None:
+            return set(self.selects(module)) & set(names)
+        return {name for name, t in names.items() if self.contract.converts(t)}
 
     def _eval(self, source: str) -> Any:
         namespace: dict[str, Any] = {"torch": torch, "nn": nn}

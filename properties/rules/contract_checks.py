@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.models.examples import holds_values, named_tensors, value_copy
-from swapspec.strategies.contracts import Contract, plain_values, rounding
+from swapspec.strategies.contracts import Contract, plain_values, rounding, tensor_class
 
 
 def before_copies(module: nn.Module) -> dict[str, Tensor]:
@@ -24,25 +24,35 @@ def before_copies(module: nn.Module) -> dict[str, Tensor]:
 
 
 def check_contract(check: Checker, contract: Contract, before: dict[str, Tensor],
-                   after: dict[str, Tensor], clause: str = "contract") -> None:
-    """Each tensor of ``after`` meets ``contract`` against its copy in ``before``."""
+                   after: dict[str, Tensor], converted: set[str] | None = None) -> None:
+    """Each tensor of ``after`` meets ``contract`` against its copy in ``before``; ``converted``:
+    the names the conversion converts (None: those the contract's ``converts`` accepts), the
+    others must be as they were."""
     for name, was in before.items():
         now = after.get(name)
         if now is None:
-            check.that(False, clause, f"{name!r} is gone after the conversion")
+            check.that(False, "contract", f"{name!r} is gone after the conversion")
             continue
-        problems = contract.problems(was, now)
-        check.that(not problems, clause,
-                   f"{name!r} breaks the contract ({contract.text}): {'; '.join(problems)}",
-                   code=contract_code(f"after[{name!r}]", was, now, contract))
+        converts = contract.converts(was) if converted is None else name in converted
+        problems = contract.problems(was, now, converts)
+        what = contract.text if converts else "not converted: kept as it was"
+        check.that(not problems, "contract",
+                   f"{name!r} breaks the contract ({what}): {'; '.join(problems)}",
+                   code=contract_code(f"after[{name!r}]", was, now, contract, converts))
 
 
-def contract_code(var: str, before: Tensor, after: Tensor, contract: Contract) -> str | None:
+def contract_code(var: str, before: Tensor, after: Tensor, contract: Contract,
+                  converted: bool) -> str | None:
     """A Python expression, true where ``var`` (the tensor after) meets the contract's first
     broken fact of dtype, device and values, for a repro to assert; None when none applies."""
-    if not contract.converts(before):
-        return f"{var}.dtype == {before.dtype} and {var}.device.type == {before.device.type!r}"
-    want_dtype, want_device = contract.dtype_for(before), contract.device or before.device.type
+    if not converted:
+        cls = tensor_class(before)
+        same_class = (f"type({var}).__torch_dispatch__ is torch.Tensor.__torch_dispatch__"
+                      if cls is Tensor else f"type({var}).__name__ == {cls.__name__!r}")
+        return (f"{var}.dtype == {before.dtype} and {var}.device.type == {before.device.type!r}"
+                f" and {same_class}")
+    want_dtype = contract.dtype_for(before, True)
+    want_device = contract.device or before.device.type
     if after.dtype != want_dtype:
         return f"{var}.dtype == {want_dtype}"
     if after.device.type != want_device:
