@@ -94,6 +94,7 @@ from swapspec.properties.declarations.torch import (
 )
 from swapspec.properties.declarations.torch_accessor import ACCESSOR_DEVIATIONS
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
+from swapspec.properties.declarations.torch_contracts import CONTRACT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
 from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
@@ -323,7 +324,7 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
@@ -332,7 +333,7 @@ def builtin_target(name: str) -> Target:
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)

@@ -50,7 +50,7 @@ def _repro(example: Example, target, violations) -> str:
     return asserting_repro(example, target, converted_body(example), asserts)
 
 
-@spec_property("APPLY-CONTRACT")
+@spec_property("APPLY-CONTRACT", examples_divisor=2)
 @given(case=converted, flags=flag_settings())
 def test_apply_meets_the_conversions_contract(target, case, flags):
     """Every tensor a conversion with a contract converts meets the contract, and the conversion raises only where its contract lets it.

@@ -33,12 +33,12 @@ from swapspec.properties.models.examples import (
 from swapspec.properties.models.invariants import input_for
 from swapspec.properties.models.outcomes import attempt
 from swapspec.properties.rules.contract_checks import before_copies, check_contract
-from swapspec.strategies import module_trees
+from swapspec.strategies import host_trees, module_trees
 from swapspec.strategies.contracts import raising_allowed
 from swapspec.strategies.trees import WRAPPERS
 
 trees = with_modules(module_trees(wrappers=WRAPPERS, lazy=False))
-tied = module_trees(wrappers=WRAPPERS, lazy=False, tie_chance=100, needs=("alias",))
+tied = with_modules(module_trees(wrappers=WRAPPERS, lazy=False, tie_chance=100, needs=("alias",)))
 trainable = with_modules(module_trees(wrappers=WRAPPERS, lazy=False, needs=("leaf-grads",)))
 
 CONVERT_BODY = ["try:", "    convert(module)", "    error = None", "except Exception as e:",
@@ -51,9 +51,23 @@ def _conversion(draw: Any) -> Any:
     return draw(CURRENT.get().module_conversions)
 
 
-def _draw(data: st.DataObject, modules: st.SearchStrategy = trees) -> tuple[nn.Module, Any]:
+def _draw(data: st.DataObject, modules: st.SearchStrategy = trees,
+          wanted: Any = None) -> tuple[nn.Module, Any]:
+    """``(module, conversion)``: the conversion, then a module; with ``wanted``
+    (``(module, conversion) -> bool``), a module that lacks it is redrawn among the target's
+    own modules (a few tries), which hold what its conversions convert more often than drawn
+    trees do, so few examples are filtered."""
+    conversion = data.draw(_conversion(), label="module conversion")
     module = data.draw(modules, label="module")
-    return module, data.draw(_conversion(), label="module conversion")
+    own = getattr(CURRENT.get(), "modules", None)
+    for _ in range(HOST_TRIES if wanted is not None and own is not None else 0):
+        if wanted(module, conversion):
+            break
+        module = data.draw(host_trees(own), label="host module")
+    return module, conversion
+
+
+HOST_TRIES = 4
 
 
 def _checker(property_id: str, target: Any, module: nn.Module, conversion: Any
@@ -115,7 +129,7 @@ def test_module_conversion_keeps_ties(target, data):
     Origin: ``_apply`` converts a tied tensor once and every slot sees the result (APPLY-TIES);
     a quantizer that converts each slot on its own unties weights (swapspec issue 34).
     """
-    module, conversion = _draw(data, tied)
+    module, conversion = _draw(data, tied, _ties_converted)
     example, check = _checker("MODCONV-TIES", target, module, conversion)
     groups = alias_groups(module)
     outcome = _converted(module, conversion)
@@ -209,6 +223,12 @@ def test_module_conversion_keeps_hooks(target, data):
     _verdict(check, example, target, HOOK_SETUP)
 
 
+def _ties_converted(module: nn.Module, conversion: Any) -> bool:
+    """Whether a tie of ``module`` joins tensors the conversion converts."""
+    converted = conversion.converted_names(module, named_tensors(module))
+    return any(len(set(group) & converted) > 1 for group in alias_groups(module))
+
+
 def hooks_name(kind: str) -> str:
     return "_forward_pre_hooks" if kind == "pre" else "_forward_hooks"
 
@@ -238,7 +258,7 @@ def test_module_conversion_is_atomic(target, data):
     the others come before and after it. Origin: swapspec's core promise, bad input leaves the
     module as it was (APPLY-ATOMIC for ``_apply``).
     """
-    module, conversion = _draw(data)
+    module, conversion = _draw(data, wanted=lambda m, c: bool(_refusable(m, c)))
     assume(conversion.refuse is not None)
     names = _refusable(module, conversion)
     assume(names)

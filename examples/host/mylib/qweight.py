@@ -178,3 +178,21 @@ def linear_weight_names(module: nn.Module) -> list[str]:
             if type(m) is nn.Linear and m._parameters.get("weight") is not None
             and quantizable(m._parameters["weight"])
             and m._parameters["weight"].device.type != "meta"]
+
+
+class TinyMLP(nn.Module):
+    """Two ``nn.Linear(features, features)`` with a ReLU between, seeded; ``tied``: the second
+    shares the first's weight. A model to quantize."""
+
+    def __init__(self, features: int = 4, seed: int = 0, tied: bool = False) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.first, self.second = nn.Linear(features, features), nn.Linear(features, features)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+        if tied:
+            self.second.weight = self.first.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.second(torch.relu(self.first(x)))

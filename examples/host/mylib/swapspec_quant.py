@@ -11,7 +11,15 @@ from functools import partial
 import torch
 from hypothesis import strategies as st
 
-from mylib.qweight import QLinear, QWeight, dequantize, linear_weight_names, quantizable, refused
+from mylib.qweight import (
+    QLinear,
+    QWeight,
+    TinyMLP,
+    dequantize,
+    linear_weight_names,
+    quantizable,
+    refused,
+)
 from swapspec.properties.harness.targets import builtin_target
 from swapspec.strategies import Contract, Conversion, HostModule, ModuleConversion
 
@@ -33,8 +41,11 @@ QUANTIZE_ = ModuleConversion("mylib.quantize_", "lambda m: quantize_(m)", QUANTI
                              imports="from mylib.qweight import quantize_", rebinds=True,
                              refuse="lambda t: t.fill_(float('nan'))",
                              selects=linear_weight_names)
-Q_LINEARS = st.sampled_from([HostModule(f"mylib.QLinear(seed={s})", partial(QLinear, seed=s))
-                             for s in range(2)])
+Q_LINEARS = st.sampled_from([
+    HostModule("mylib.QLinear(seed=0)", partial(QLinear, seed=0)),
+    HostModule("mylib.TinyMLP(seed=0)", partial(TinyMLP, seed=0)),
+    HostModule("mylib.TinyMLP(seed=1, tied=True)", partial(TinyMLP, seed=1, tied=True)),
+])
 
 target = dataclasses.replace(builtin_target("torch"), name="mylib-quant", modules=Q_LINEARS,
                              conversions=st.just(QUANTIZE),
