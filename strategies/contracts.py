@@ -89,7 +89,7 @@ class Contract:
         device = self.device or before.device.type
         if after.device.type != device:
             out.append(f"device {after.device.type}, want {device}")
-        if tuple(after.shape) != tuple(before.shape):
+        if _has_shape(before) and _has_shape(after) and tuple(after.shape) != tuple(before.shape):
             out.append(f"shape {tuple(after.shape)}, want {tuple(before.shape)}")
         if not out and self.values:
             out += self._value_problems(before, after)
@@ -124,6 +124,11 @@ def _unchanged_problems(before: Tensor, after: Tensor) -> list[str]:
         if got is not None and want is not None and not close(got, want, 0.0, 0.0):
             out.append("values changed where the contract keeps them")
     return out
+
+
+def _has_shape(t: Tensor) -> bool:
+    """Whether ``t`` has a shape to read (an uninitialized parameter has none)."""
+    return not isinstance(t, nn.parameter.UninitializedTensorMixin)
 
 
 def tensor_class(t: Tensor) -> type:

@@ -31,7 +31,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.strategies.contracts import Contract, every_tensor, floating_or_complex, is_floating
+from swapspec.strategies.contracts import Contract
 from swapspec.strategies.conversions import Conversion, is_uninitialized, runs_on
 
 
@@ -74,16 +74,30 @@ def _to_fn(device: str | None, dtype: str | None, non_blocking: bool = False,
             f"else {plain}")
 
 
-def _cast(dtype: torch.dtype, converts: Callable = floating_or_complex,
+@dataclass(frozen=True)
+class CastTo:
+    """A dtype rule: ``dtype`` for the input dtypes ``kinds`` takes (``"floating"``, or
+    ``"floating or complex"``, or ``"every"``), any other dtype kept."""
+
+    dtype: torch.dtype
+    kinds: str = "floating or complex"
+
+    def __call__(self, dtype: torch.dtype) -> torch.dtype:
+        if self.kinds == "every" or dtype.is_floating_point or (
+                self.kinds == "floating or complex" and dtype.is_complex):
+            return self.dtype
+        return dtype
+
+
+def _cast(dtype: torch.dtype, kinds: str = "floating or complex",
           device: str | None = None) -> Contract:
-    """The contract of a cast to ``dtype`` of the tensors ``converts`` accepts: that dtype,
-    values within its rounding (on meta, none kept)."""
-    where = "floating" if converts is is_floating else (
-        "floating and complex" if converts is floating_or_complex else "every")
-    on = f" on {device}" if device else ""
-    return Contract(f"{dtype} for {where} tensors{on}, values within {dtype}'s rounding"
-                    if device != "meta" else f"{dtype} for {where} tensors, on meta (no values)",
-                    converts=converts, dtype=dtype, device=device, values=device != "meta")
+    """The contract of a cast to ``dtype`` of the tensors of ``kinds`` (others keep theirs),
+    every tensor moved to ``device`` (None: kept): values within the result's rounding (on
+    meta, none kept)."""
+    on = f", every tensor on {device}" if device else ""
+    values = "no values" if device == "meta" else f"values within {dtype}'s rounding"
+    return Contract(f"{dtype} for {kinds} tensors{on}, {values}", dtype=CastTo(dtype, kinds),
+                    device=device, values=device != "meta")
 
 
 _KEEP = Contract("the same tensor values, dtype and device")
@@ -130,17 +144,17 @@ CONVERSION_FORMS: tuple[tuple[MethodCall, str, dict], ...] = (
     (MethodCall("to_empty", "device='meta', recurse=True"),
      "lambda t: torch.empty_like(t, device='meta')", _META),
     (MethodCall("half"), "lambda t: t.half() if t.is_floating_point() else t",
-     _with(_LAZY, _cast(torch.float16, is_floating))),
+     _with(_LAZY, _cast(torch.float16, "floating"))),
     (MethodCall("float"), "lambda t: t.float() if t.is_floating_point() else t",
-     _with(_LAZY, _cast(torch.float32, is_floating))),
+     _with(_LAZY, _cast(torch.float32, "floating"))),
     (MethodCall("double"), "lambda t: t.double() if t.is_floating_point() else t",
-     _with(_LAZY, _cast(torch.float64, is_floating))),
+     _with(_LAZY, _cast(torch.float64, "floating"))),
     (MethodCall("bfloat16"), "lambda t: t.bfloat16() if t.is_floating_point() else t",
-     {"contract": _cast(torch.bfloat16, is_floating)}),
+     {"contract": _cast(torch.bfloat16, "floating")}),
     (MethodCall("type", "torch.float64"), "lambda t: t.type(torch.float64)",
-     {"contract": _cast(torch.float64, every_tensor)}),
+     {"contract": _cast(torch.float64, "every")}),
     (MethodCall("type", "dst_type='torch.HalfTensor'"), "lambda t: t.type('torch.HalfTensor')",
-     {"contract": _cast(torch.float16, every_tensor)}),
+     {"contract": _cast(torch.float16, "every")}),
     (MethodCall("cpu"), "lambda t: t.cpu()", _with(_LAZY, _KEEP)),
     (MethodCall("share_memory"), "lambda t: t.share_memory_()", {"contract": _KEEP}),
 )
