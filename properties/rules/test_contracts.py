@@ -70,6 +70,9 @@ def test_apply_meets_the_conversions_contract(target, case, flags):
     check = Checker("APPLY-CONTRACT", target, example)
     contract = conversion.contract
     before = before_copies(module)
+    # a conversion that raises where its contract lets it: what the target does then is
+    # APPLY-ATOMIC's business, nothing to hold to the contract
+    assume(snap.expected_error is None or not raising_allowed(contract, list(before.values())))
     outcome = run_converted(target, example)
     if outcome.error is not None:
         check.that(raising_allowed(contract, list(before.values())), "raised",

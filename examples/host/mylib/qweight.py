@@ -105,14 +105,16 @@ _OPS = {
 
 
 def quantizable(t: Tensor) -> bool:
-    """A plain floating matrix: what ``quantize`` converts."""
-    return (type(t).__torch_dispatch__ is Tensor.__torch_dispatch__ and t.is_floating_point()
-            and t.dim() == 2)
+    """An initialized plain floating matrix with values (not on meta): what ``quantize``
+    converts."""
+    return (type(t).__torch_dispatch__ is Tensor.__torch_dispatch__
+            and not isinstance(t, nn.parameter.UninitializedTensorMixin)
+            and t.device.type != "meta" and t.is_floating_point() and t.dim() == 2)
 
 
 def refused(t: Tensor) -> bool:
     """A quantizable tensor with a non-finite value: ``quantize`` refuses it."""
-    return quantizable(t) and t.device.type != "meta" and not bool(torch.isfinite(t).all())
+    return quantizable(t) and not bool(torch.isfinite(t).all())
 
 
 def _quantized(data: Tensor) -> QWeight:
@@ -127,7 +129,7 @@ def _quantized(data: Tensor) -> QWeight:
 def quantize(t: Tensor) -> Tensor:
     """A plain floating matrix as a ``QWeight`` (an ``nn.Parameter`` stays one, frozen);
     anything else (a ``QWeight`` included) as it is."""
-    if not quantizable(t) or t.device.type == "meta":
+    if not quantizable(t):
         return t
     q = _quantized(t.detach())
     return nn.Parameter(q, requires_grad=False) if isinstance(t, nn.Parameter) else q
@@ -137,8 +139,7 @@ def _linear_weights(module: nn.Module) -> list[tuple[nn.Module, Tensor]]:
     """``(linear, weight)`` for every ``nn.Linear`` (exactly) whose weight is quantizable."""
     return [(m, m._parameters["weight"]) for m in module.modules()
             if type(m) is nn.Linear and m._parameters.get("weight") is not None
-            and quantizable(m._parameters["weight"])
-            and m._parameters["weight"].device.type != "meta"]
+            and quantizable(m._parameters["weight"])]
 
 
 def quantize_(module: nn.Module) -> None:
@@ -176,8 +177,7 @@ def linear_weight_names(module: nn.Module) -> list[str]:
     return [f"{path}.weight" if path else "weight"
             for path, m in module.named_modules(remove_duplicate=False)
             if type(m) is nn.Linear and m._parameters.get("weight") is not None
-            and quantizable(m._parameters["weight"])
-            and m._parameters["weight"].device.type != "meta"]
+            and quantizable(m._parameters["weight"])]
 
 
 class TinyMLP(nn.Module):
