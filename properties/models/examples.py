@@ -285,8 +285,7 @@ def same_values(a: Tensor, b: Tensor) -> bool:
     Values compare through the running target's comparison for the class, if it gives one
     (``comparing``); else through torch's ops (``equal``, ``isnan``, ``nan_to_num``); two
     wrapper subclass tensors of one class whose class lacks one of those ops compare by their
-    parts (``__tensor_flatten__``: equal context, same values inner tensor by inner tensor),
-    and such a tensor is not the same as a tensor of another class."""
+    parts (``__tensor_flatten__``: equal context, same values inner tensor by inner tensor)."""
     if (a.dtype, a.shape, a.device, a.layout) != (b.dtype, b.shape, b.device, b.layout):
         return False
     if not holds_values(a) or not holds_values(b):
@@ -297,10 +296,8 @@ def same_values(a: Tensor, b: Tensor) -> bool:
     try:
         return _same_by_ops(a, b)
     except (NotImplementedError, TypeError):  # what a subclass raises for an op it lacks
-        if not (is_wrapper(a) or is_wrapper(b)):
+        if type(a) is not type(b) or not is_wrapper(a):
             raise
-        if type(a) is not type(b):  # a class that cannot compare with another: not the same
-            return False
     return _same_parts(a, b)
 
 

@@ -22,7 +22,6 @@ from swapspec.properties.models.examples import Example, named_tensors
 from swapspec.properties.rules.contract_checks import before_copies, check_contract
 from swapspec.strategies import flag_settings, module_trees
 from swapspec.strategies.contracts import raising_allowed
-from swapspec.strategies.conversions import modules_with_conversions
 from swapspec.strategies.method_calls import modules_with_method_conversions
 from swapspec.strategies.trees import WRAPPERS
 
