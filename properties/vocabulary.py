@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 APPLY = (
-    "APPLY-ATOMIC", "APPLY-FN-ONCE", "APPLY-FORWARD", "APPLY-GRADS", "APPLY-METHOD-ARGS",
+    "APPLY-ATOMIC", "APPLY-CONTRACT", "APPLY-FN-ONCE", "APPLY-FORWARD", "APPLY-GRADS", "APPLY-METHOD-ARGS",
     "APPLY-METHOD-GRADS", "APPLY-NO-SET-DATA-ACROSS-IMPL",
     "APPLY-NONE-SLOTS", "APPLY-PARAMETER-IDENTITY", "APPLY-PATH", "APPLY-RECURSE-FALSE",
     "APPLY-OPTIMIZER", "APPLY-REFUSED-SWAP", "APPLY-ROUND-TRIP", "APPLY-TENSOR-HOOKS", "APPLY-TIES",
@@ -52,10 +52,15 @@ PARAMETRIZE = (
     "PARAMETRIZE-REMOVE", "PARAMETRIZE-STACK", "PARAMETRIZE-TRANSFER",
 )
 ACCESSOR = ("ACCESSOR-DEL", "ACCESSOR-GET", "ACCESSOR-REFUSED", "ACCESSOR-SET", "ACCESSOR-SWAP")
+MODULE_CONVERSIONS = (
+    "MODCONV-ATOMIC", "MODCONV-CONTRACT", "MODCONV-HOOKS", "MODCONV-IDENTITY", "MODCONV-TIES",
+    "MODCONV-WORKING",
+)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
     "sequences": SEQUENCES, "load_state_dict": LOAD, "checkpoint": CHECKPOINT,
     "registration": REGISTRATION, "parametrize": PARAMETRIZE, "accessor": ACCESSOR,
+    "module_conversions": MODULE_CONVERSIONS,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
 
@@ -69,6 +74,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "registration": ("apply",),  # the registration methods a target lacks are built beside apply
     "parametrize": ("apply",),
     "accessor": ("apply",),  # torch's accessor, on modules the target's apply converted
+    "module_conversions": ("module_conversions",),  # the host's own; nothing else of the target
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},

@@ -12,6 +12,7 @@ from swapspec.strategies.calls import (
     forward_inputs,
     meta_built,
 )
+from swapspec.strategies.contracts import Contract, ModuleConversion
 from swapspec.strategies.conversions import (
     Conversion,
     ConversionError,
@@ -30,12 +31,14 @@ __all__ = [
     "BATCH",
     "FEATURES",
     "CallInput",
+    "Contract",
     "Conversion",
     "ConversionError",
     "FlagSetting",
     "ForwardError",
     "HostModule",
     "LoadInput",
+    "ModuleConversion",
     "Observation",
     "TaggedParameter",
     "TreeInfo",

@@ -24,6 +24,11 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
 
 ``changes_impl`` is relative to a CPU dense source: True for meta, sparse and XLA results.
 
+A conversion may state a ``contract`` (``strategies.contracts.Contract``): what each converted
+tensor must be (dtype, device, class, values within a tolerance read through the library's own
+dequantization, which inputs it may refuse). APPLY-CONTRACT checks results against it, not
+against the function's own output. The public methods' implied conversions carry theirs.
+
 A host's own conversion is a :class:`Conversion` too: ``imports`` holds the Python lines its
 ``repro`` needs (``"from mylib.tensors import Scaled"``); they run before ``repro`` is evaluated
 and head its source, so repros of host conversions stand alone as well. Its function must accept
@@ -98,6 +103,9 @@ class Conversion:
     # The public method call (``strategies.method_calls.MethodCall``) this conversion is the
     # per-tensor function of, or None: an ``_apply(fn)`` conversion.
     call: Any = field(default=None, compare=False)
+    # What each converted tensor must be (``strategies.contracts.Contract``), checked by
+    # APPLY-CONTRACT instead of the function's own output; None: no contract stated.
+    contract: Any = field(default=None, compare=False)
 
     def make_fn(self) -> Callable[[Tensor], Tensor]:
         """A fresh fn (its own call counter for ``raise_on``), evaluated from ``repro`` after

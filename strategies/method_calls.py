@@ -31,6 +31,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from swapspec.strategies.contracts import Contract
 from swapspec.strategies.conversions import Conversion, is_uninitialized, runs_on
 
 
@@ -73,42 +74,89 @@ def _to_fn(device: str | None, dtype: str | None, non_blocking: bool = False,
             f"else {plain}")
 
 
-_META = {"preserves_values": False, "changes_impl": True, "device": "meta"}
+@dataclass(frozen=True)
+class CastTo:
+    """A dtype rule: ``dtype`` for the input dtypes ``kinds`` takes (``"floating"``, or
+    ``"floating or complex"``, or ``"every"``), any other dtype kept."""
+
+    dtype: torch.dtype
+    kinds: str = "floating or complex"
+
+    def __call__(self, dtype: torch.dtype) -> torch.dtype:
+        if self.kinds == "every" or dtype.is_floating_point or (
+                self.kinds == "floating or complex" and dtype.is_complex):
+            return self.dtype
+        return dtype
+
+
+def _cast(dtype: torch.dtype, kinds: str = "floating or complex",
+          device: str | None = None) -> Contract:
+    """The contract of a cast to ``dtype`` of the tensors of ``kinds`` (others keep theirs),
+    every tensor moved to ``device`` (None: kept): values within the result's rounding (on
+    meta, none kept)."""
+    on = f", every tensor on {device}" if device else ""
+    values = "no values" if device == "meta" else f"values within {dtype}'s rounding"
+    return Contract(f"{dtype} for {kinds} tensors{on}, {values}", dtype=CastTo(dtype, kinds),
+                    device=device, values=device != "meta")
+
+
+_KEEP = Contract("the same tensor values, dtype and device")
+_TO_META = Contract("on meta, dtype kept, values not kept", device="meta", values=False)
+_EMPTY_CPU = Contract("a new tensor of the same dtype on cpu, values not kept", device="cpu",
+                      values=False)
+_META = {"preserves_values": False, "changes_impl": True, "device": "meta",
+         "contract": _TO_META}
 _LAZY = {"lazy_safe": True}
+
+
+def _with(options: dict, contract: Contract) -> dict:
+    return {**options, "contract": contract}
+
 
 # (call, per-tensor fn source, Conversion options)
 CONVERSION_FORMS: tuple[tuple[MethodCall, str, dict], ...] = (
-    (MethodCall("to", "torch.float64"), _to_fn(None, "torch.float64"), _LAZY),
-    (MethodCall("to", "dtype=torch.float16"), _to_fn(None, "torch.float16"), _LAZY),
-    (MethodCall("to", "torch.complex64"), _to_fn(None, "torch.complex64"), _LAZY),
+    (MethodCall("to", "torch.float64"), _to_fn(None, "torch.float64"),
+     _with(_LAZY, _cast(torch.float64))),
+    (MethodCall("to", "dtype=torch.float16"), _to_fn(None, "torch.float16"),
+     _with(_LAZY, _cast(torch.float16))),
+    (MethodCall("to", "torch.complex64"), _to_fn(None, "torch.complex64"),
+     _with(_LAZY, _cast(torch.complex64))),
     (MethodCall("to", "torch.bfloat16, non_blocking=True"),
-     _to_fn(None, "torch.bfloat16", True), {}),
-    (MethodCall("to", "'cpu'"), _to_fn("cpu", None), _LAZY),
+     _to_fn(None, "torch.bfloat16", True), {"contract": _cast(torch.bfloat16)}),
+    (MethodCall("to", "'cpu'"), _to_fn("cpu", None), _with(_LAZY, _KEEP)),
     (MethodCall("to", "device='meta'"), _to_fn("meta", None), _META),
-    (MethodCall("to", "'cpu', torch.float64, True"), _to_fn("cpu", "torch.float64", True), _LAZY),
+    (MethodCall("to", "'cpu', torch.float64, True"), _to_fn("cpu", "torch.float64", True),
+     _with(_LAZY, _cast(torch.float64, device="cpu"))),
     (MethodCall("to", "device='meta', dtype=torch.float16, non_blocking=True"),
-     _to_fn("meta", "torch.float16", True), _META),
+     _to_fn("meta", "torch.float16", True),
+     _with(_META, _cast(torch.float16, device="meta"))),
     (MethodCall("to", "torch.empty(0, dtype=torch.float64)"), _to_fn("cpu", "torch.float64"),
-     _LAZY),
+     _with(_LAZY, _cast(torch.float64, device="cpu"))),
     (MethodCall("to", "torch.empty(0, dtype=torch.float16, device='meta'), non_blocking=True"),
-     _to_fn("meta", "torch.float16", True), _META),
+     _to_fn("meta", "torch.float16", True), _with(_META, _cast(torch.float16, device="meta"))),
     (MethodCall("to", "memory_format=torch.channels_last"),
-     _to_fn(None, None, memory_format="torch.channels_last"), {}),
+     _to_fn(None, None, memory_format="torch.channels_last"), {"contract": _KEEP}),
     (MethodCall("to", "torch.float64, memory_format=torch.channels_last"),
-     _to_fn(None, "torch.float64", memory_format="torch.channels_last"), {}),
+     _to_fn(None, "torch.float64", memory_format="torch.channels_last"),
+     {"contract": _cast(torch.float64)}),
     (MethodCall("to_empty", "device='cpu'"), "lambda t: torch.empty_like(t, device='cpu')",
-     {"preserves_values": False}),
+     {"preserves_values": False, "contract": _EMPTY_CPU}),
     (MethodCall("to_empty", "device='meta', recurse=True"),
      "lambda t: torch.empty_like(t, device='meta')", _META),
-    (MethodCall("half"), "lambda t: t.half() if t.is_floating_point() else t", _LAZY),
-    (MethodCall("float"), "lambda t: t.float() if t.is_floating_point() else t", _LAZY),
-    (MethodCall("double"), "lambda t: t.double() if t.is_floating_point() else t", _LAZY),
-    (MethodCall("bfloat16"), "lambda t: t.bfloat16() if t.is_floating_point() else t", {}),
-    (MethodCall("type", "torch.float64"), "lambda t: t.type(torch.float64)", {}),
+    (MethodCall("half"), "lambda t: t.half() if t.is_floating_point() else t",
+     _with(_LAZY, _cast(torch.float16, "floating"))),
+    (MethodCall("float"), "lambda t: t.float() if t.is_floating_point() else t",
+     _with(_LAZY, _cast(torch.float32, "floating"))),
+    (MethodCall("double"), "lambda t: t.double() if t.is_floating_point() else t",
+     _with(_LAZY, _cast(torch.float64, "floating"))),
+    (MethodCall("bfloat16"), "lambda t: t.bfloat16() if t.is_floating_point() else t",
+     {"contract": _cast(torch.bfloat16, "floating")}),
+    (MethodCall("type", "torch.float64"), "lambda t: t.type(torch.float64)",
+     {"contract": _cast(torch.float64, "every")}),
     (MethodCall("type", "dst_type='torch.HalfTensor'"), "lambda t: t.type('torch.HalfTensor')",
-     {}),
-    (MethodCall("cpu"), "lambda t: t.cpu()", _LAZY),
-    (MethodCall("share_memory"), "lambda t: t.share_memory_()", {}),
+     {"contract": _cast(torch.float16, "every")}),
+    (MethodCall("cpu"), "lambda t: t.cpu()", _with(_LAZY, _KEEP)),
+    (MethodCall("share_memory"), "lambda t: t.share_memory_()", {"contract": _KEEP}),
 )
 # Only for APPLY-RECURSE-FALSE: the one public method that takes ``recurse``.
 RECURSE_FALSE_FORMS: tuple[tuple[MethodCall, str, dict], ...] = (

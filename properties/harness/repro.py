@@ -606,3 +606,29 @@ def script_repro(example: Any, target: Any, violations: list[Violation], body: l
     ``body`` starts from ``module = build_module()``, calls the target through ``target_apply``
     or ``target_load_state_dict`` and sets ``observed``, the dict compared with the reference."""
     return _script(example.module, target, ["module = build_module()", *body], violations, verify)
+
+
+def asserting_repro(example: Any, target: Any, body: list[str],
+                    asserts: list[tuple[str, str]], imports: list[str] = ()) -> str:
+    """A script that builds the example's module, runs ``body`` (on ``target`` where it calls
+    ``target_apply``/``target_method``) and ends in ``asserts`` (``(code, message)``), each as
+    written: for rules about host material (a conversion's contract, a module conversion), where
+    the reference would run the same host code, so nothing is compared with it. The host's
+    imports head it; it exits 1 on the first assert that fails."""
+    lines = ["module = build_module()", *body]
+    head = list(dict.fromkeys([*host_imports(example), *imports]))
+    script = _script(example.module, target, lines, [], False, head)
+    return script + "".join(f"assert {code}, {message!r}\n" for code, message in asserts)
+
+
+def converted_body(example: Any) -> list[str]:
+    """Lines that convert the example's module as it was converted (``_apply(fn)`` or the public
+    method call), keeping the error (``error``) and the tensors after (``after``)."""
+    return ["before = named(module)", *_conversion_lines(example),
+            "try:",
+            f"    {_convert_code(example)}",
+            "    error = None",
+            "except Exception as e:",
+            "    error = e",
+            "    print('raised', type(e).__name__, e)",
+            "after = named(module)"]

@@ -21,6 +21,9 @@ and optionally the data the suite reads next to it:
   tensor subclass, its device move), drawn alongside the built-in conversions;
 - ``modules``: a Hypothesis strategy of ``swapspec.strategies.HostModule`` (its own
   ``nn.Module`` s), drawn alongside the built-in module trees;
+- ``module_conversions``: a Hypothesis strategy of ``swapspec.strategies.ModuleConversion``
+  (conversions that change a whole module in place, as ``quantize_(model)``), which the
+  ``MODCONV-`` properties hold to ``_apply``'s rules; without it they are skipped;
 - ``methods``: ``nn.Module``'s public methods (``to``, ``to_empty``, ``half``, ``float``,
   ``double``, ``bfloat16``, ``type``, ``cpu``, ``share_memory``, ``requires_grad_``,
   ``zero_grad``; and the registration methods ``register_parameter``, ``register_buffer``,
@@ -91,6 +94,7 @@ from swapspec.properties.declarations.torch import (
 )
 from swapspec.properties.declarations.torch_accessor import ACCESSOR_DEVIATIONS
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
+from swapspec.properties.declarations.torch_contracts import CONTRACT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
 from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
@@ -106,6 +110,7 @@ FEATURES: dict[str, str] = {
     "strict": "functional_call's strict keyword",
     "tuple_inputs": "functional_call taking a tuple of dicts",
     "load_state_dict": "load_state_dict(module, state_dict, *, strict, assign, swap)",
+    "module_conversions": "module conversions (a strategy of ModuleConversion)",
 }
 # Functional-call designs of real libraries where torch's differs (``Target.designs``): what
 # each means, and how the properties draw and judge a target that follows it.
@@ -149,6 +154,7 @@ class Target:
     designs: frozenset[str] = frozenset()  # names from DESIGNS
     conversions: Any = None  # a strategy of Conversion, or None
     modules: Any = None  # a strategy of HostModule, or None
+    module_conversions: Any = None  # a strategy of ModuleConversion, or None
     exact_messages: bool = False
     methods: Any = None  # nn.Module's public methods; see the module docstring
     coverage_modules: tuple[str, ...] = ()  # --swapspec-coverage's scope; () = its own module
@@ -318,7 +324,7 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
@@ -327,7 +333,7 @@ def builtin_target(name: str) -> Target:
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)
@@ -350,6 +356,7 @@ def torch_declarations(*, ids: Iterable[str] = (), properties: Iterable[str] = (
 
 
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "designs", "conversions", "modules",
+                 "module_conversions",
                  "exact_messages", "methods", "coverage_modules", "swap_tensors", "accessor",
                  "comparisons")
 

@@ -39,6 +39,7 @@ from swapspec import reference
 from swapspec.properties.models.call_state import ModuleState, module_state
 from swapspec.properties.models.examples import (
     holds_values,
+    is_wrapper,
     named_tensors,
     same_values,
     value_copy,
@@ -196,6 +197,8 @@ def _same_anywhere(now: Tensor, then: Tensor) -> bool:
     device cannot lower every op ``same_values`` uses), their devices compared first."""
     if now.device != then.device:
         return False
+    if type(now) is not type(then) and (is_wrapper(now) or is_wrapper(then)):
+        return False  # a slot whose tensor became (or stopped being) a wrapper subclass changed
     if now.device.type not in ("cpu", "meta"):
         now, then = now.detach().cpu(), then.detach().cpu()
     return same_values(now, then)

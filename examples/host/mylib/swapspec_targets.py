@@ -38,7 +38,9 @@ GATES = st.integers(0, 3).map(
 
 target = Target(
     "mylib", apply=mylib.apply, functional_call=mylib.functional_call,
-    deviations=(*TORCH_DEVIATIONS, MERGES_OVERLAPS),
+    # torch's apply declarations, and those of APPLY-CONTRACT (where torch's _apply raises)
+    deviations=(*TORCH_DEVIATIONS, *torch_declarations(properties=["APPLY-CONTRACT"]),
+                MERGES_OVERLAPS),
     call_forms=("dict", "tuple-single", "tuple-disjoint"),  # overlaps merge: not a form it checks
     conversions=st.just(FAKE_QUANTIZE), modules=GATES,
 )
