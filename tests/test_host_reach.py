@@ -1,0 +1,98 @@
+"""Host material reaches every property family: a CI-profile run against the planted quantized
+target (``tests.planted.quantized:target``: QLinear host modules, the quantize conversion)
+draws host modules and host conversions in at least one property of each family, above the
+floors below (from the JSON report's ``host_reach``, which the plugin collects from the
+Hypothesis events ``tree: host: <name>`` and ``host conversion: <name>``).
+
+One property per family is run (``--swapspec-property``), the one whose strategies reach host
+material best; the run takes well under a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# family -> the property run for it
+CHOSEN = {
+    "APPLY": "APPLY-FORWARD",
+    "FC": "FC-RESTORE",
+    "LOAD": "LOAD-ROUND-TRIP",
+    "TOGETHER": "TOGETHER-CONVERTED-CALL",
+    "SEQ": "SEQ-STATE",
+    "CHECKPOINT": "CHECKPOINT-PICKLE",
+    "REGISTER": "REGISTER-SLOT",
+    "PARAMETRIZE": "PARAMETRIZE-TRANSFER",
+    "ACCESSOR": "ACCESSOR-SET",
+}
+# share of a property's valid examples that drew a host module / a host conversion
+MODULE_FLOOR = 0.05
+CONVERSION_FLOOR = 0.05
+# families whose operation takes no conversion: none of their properties draws one
+NO_CONVERSION = {
+    "FC": "functional_call takes tensors and inputs, no conversion",
+    "LOAD": "load_state_dict takes a state dict, no conversion",
+    "REGISTER": "registration takes a tensor or module, no conversion",
+    "SEQ": "the sequence machine draws its palette of conversions from its own list "
+           "(properties/rules/sequence_machine.py), not through conversions()",
+}
+# properties that draw no host material, and why (their strategies' own needs)
+EXCLUDED = {
+    "APPLY-OPTIMIZER": "conversions: only those after which backward still runs on CPU "
+                       "(BACKWARD_SAFE); no Conversion field says a host's does",
+    "APPLY-TENSOR-HOOKS": "conversions: as APPLY-OPTIMIZER",
+    "APPLY-FN-ONCE": "conversions: its own counting fn",
+    "APPLY-ATOMIC": "conversions: value_changing_conversions (a new object with new values for "
+                    "every tensor, which no Conversion field promises)",
+    "APPLY-REFUSED-SWAP": "conversions: its own refusing fn",
+    "CHECKPOINT-RNN-FLAT-WEIGHTS": "modules: an RNN catalogue module only",
+    "CHECKPOINT-RNN-LEGACY": "modules: an RNN catalogue module only",
+    "XLA-*": "an XLA device only",
+}
+
+
+@pytest.fixture(scope="module")
+def reach(tmp_path_factory) -> dict[str, dict]:
+    report = tmp_path_factory.mktemp("reach") / "report.json"
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    for name in ("SWAPSPEC_TARGET", "SWAPSPEC_PROFILE", "SWAPSPEC_REPORT", "SWAPSPEC_PROPERTY"):
+        env.pop(name, None)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
+         "--swapspec-profile=swapspec-ci", "--swapspec-target=tests.planted.quantized:target",
+         f"--swapspec-property={','.join(CHOSEN.values())}", f"--swapspec-report={report}",
+         "properties/rules"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert report.exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    data = json.loads(report.read_text())
+    statuses = {pid: cell["status"] for pid, row in data["table"].items()
+                for cell in row.values()}
+    assert "error" not in statuses.values() and "fail" not in statuses.values(), statuses
+    assert "swapspec host reach" in run.stdout
+    return {pid: row["quantized"] for pid, row in data["host_reach"].items()}
+
+
+@pytest.mark.parametrize("family", list(CHOSEN))
+def test_every_family_draws_host_modules(reach, family):
+    cell = reach[CHOSEN[family]]
+    assert cell["cases"] and cell["modules"] / cell["cases"] >= MODULE_FLOOR, cell
+    assert any(name.startswith("tree: host: planted.QLinear") for name in cell["names"]), cell
+
+
+@pytest.mark.parametrize("family", [f for f in CHOSEN if f not in NO_CONVERSION])
+def test_every_family_that_converts_draws_host_conversions(reach, family):
+    cell = reach[CHOSEN[family]]
+    assert cell["conversions"] / cell["cases"] >= CONVERSION_FLOOR, cell
+    assert "host conversion: planted.quantize" in cell["names"], cell
+
+
+@pytest.mark.parametrize("family", list(NO_CONVERSION))
+def test_a_family_without_conversions_draws_none(reach, family):
+    assert reach[CHOSEN[family]]["conversions"] == 0
