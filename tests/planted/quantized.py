@@ -49,6 +49,18 @@ class OpaqueQTensor(Tensor):
     def dequantize(self) -> Tensor:
         return self.qdata.to(self.scale.dtype) * self.scale
 
+    def __deepcopy__(self, memo: dict) -> OpaqueQTensor:
+        """A copy of its parts (``copy.deepcopy`` of a module that holds one)."""
+        import copy
+
+        if id(self) in memo:
+            return memo[id(self)]
+        out = type(self)(copy.deepcopy(self.qdata, memo), copy.deepcopy(self.scale, memo))
+        if getattr(self, "_is_param", False):
+            out = nn.Parameter(out, requires_grad=self.requires_grad)
+        memo[id(self)] = out
+        return out
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
