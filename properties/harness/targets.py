@@ -93,6 +93,7 @@ from swapspec.properties.declarations.torch_accessor import ACCESSOR_DEVIATIONS
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
+from swapspec.properties.declarations.torch_reach import REACH_DEVIATIONS
 from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
 from swapspec.properties.declarations.xla import XLA_DEVIATIONS
 from swapspec.properties.vocabulary import Deviation
@@ -318,7 +319,7 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + REACH_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
@@ -327,7 +328,7 @@ def builtin_target(name: str) -> Target:
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + REACH_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)
