@@ -295,9 +295,23 @@ def plus_one(t: Tensor) -> Tensor:
     except (NotImplementedError, TypeError):
         if _parts(t) is None:
             raise
+    return by_parts(t, _other)
+
+
+def by_parts(t: Tensor, fn: Any) -> Tensor:
+    """A traceable wrapper subclass ``t`` rebuilt from ``fn`` of each of its inner tensors
+    (``__tensor_flatten__``/``__tensor_unflatten__``): what the suite does to a tensor whose
+    class lacks the op it would use."""
     names, ctx = t.__tensor_flatten__()
-    inner = {name: _other(getattr(t, name)) for name in names}
+    inner = {name: fn(getattr(t, name)) for name in names}
     return type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
+
+
+def own_attributes(t: Tensor) -> dict[str, Any]:
+    """``t.__dict__`` without a traceable wrapper subclass's inner tensors (its values, not
+    attributes a conversion should keep)."""
+    parts = set(t.__tensor_flatten__()[0]) if _parts(t) is not None else set()
+    return {k: v for k, v in t.__dict__.items() if k not in parts}
 
 
 def _other(t: Tensor) -> Tensor:
