@@ -39,6 +39,7 @@ from swapspec import reference
 from swapspec.properties.models.call_state import ModuleState, module_state
 from swapspec.properties.models.examples import (
     holds_values,
+    is_wrapper,
     named_tensors,
     same_values,
     value_copy,
@@ -193,9 +194,12 @@ _GONE = object()
 
 def _same_anywhere(now: Tensor, then: Tensor) -> bool:
     """``same_values``, reading tensors of a device other than CPU and meta on the CPU (an XLA
-    device cannot lower every op ``same_values`` uses), their devices compared first."""
+    device cannot lower every op ``same_values`` uses), their devices compared first, then
+    their classes where one is a wrapper subclass (a swap can change an object's class)."""
     if now.device != then.device:
         return False
+    if (is_wrapper(now) or is_wrapper(then)) and type(now) is not type(then):
+        return False  # the object changed its tensor class (swapped): not the tensor it was
     if now.device.type not in ("cpu", "meta"):
         now, then = now.detach().cpu(), then.detach().cpu()
     return same_values(now, then)
