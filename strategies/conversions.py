@@ -50,6 +50,7 @@ from torch import Tensor
 from torch.nn.parameter import UninitializedTensorMixin
 
 from swapspec.strategies.devices import detected_devices, xla_device
+from swapspec.strategies.host_material import host_material
 
 REPRO_IMPORTS = (
     "import torch\n"
@@ -181,6 +182,8 @@ def value_changing_conversions() -> st.SearchStrategy[Conversion]:
 
     Both give every tensor a new object with new values, so every change ``_apply`` commits shows; the second mixes
     the swap path with the flags' path in one call. Neither works on ``UninitializedParameter``.
+    A target's own conversions are not drawn here: no field of ``Conversion`` promises a new
+    object with new values for every tensor, which the properties that draw these rely on.
     Reports ``hypothesis.event('conversion: <tag>')``.
     """
     return _conversions((ADD_ONE, ADD_ONE_WRAPPING_MATRICES), False)
@@ -205,9 +208,29 @@ def conversions(
     * ``where``: only the plain conversions it accepts (``lambda c: c.changes_impl``), chosen before
       drawing, so nothing is filtered.
 
+    The running target's own conversions (:mod:`~strategies.host_material`) are drawn too, one
+    chance in two, where they pass ``devices``, ``lazy_safe``, ``where`` and ``raising`` (a host
+    conversion with ``raises_on`` only with ``raising``).
+
     Shrinks towards ``float()``. Reports ``hypothesis.event('conversion: <tag>')``.
     """
-    return _conversions(_plain(devices, lazy_safe, where), raising and not lazy_safe)
+    return _conversions(_plain(devices, lazy_safe, where), raising and not lazy_safe,
+                        _accepting(devices, lazy_safe, where, raising and not lazy_safe))
+
+
+def _accepting(devices: Sequence[str] | None, lazy_safe: bool,
+               where: Callable[[Conversion], bool] | None,
+               raising: bool) -> Callable[[Conversion], bool]:
+    """Whether a host's conversion passes the filters the built-ins were chosen by: its
+    ``device`` among ``devices``, ``lazy_safe`` where asked, ``where``, and ``raises_on`` only
+    where raising conversions may be drawn."""
+    allowed = {"cpu", *(detected_devices() if devices is None else devices)}
+
+    def accept(c: Conversion) -> bool:
+        return (c.device in allowed and (c.lazy_safe or not lazy_safe)
+                and (c.raises_on is None or raising) and (where is None or bool(where(c))))
+
+    return accept
 
 
 def _plain(devices: Sequence[str] | None, lazy_safe: bool,
@@ -241,19 +264,44 @@ def modules_with_conversions(
     ``conversions(devices, raising=False, where=where)`` draws one) among those that run on the
     module's tensors that refuse some: uninitialized ones, which refuse most conversions (an
     uninitialized ``LazyLinear``), and ``meta`` ones (a meta world's: ``to_sparse()`` has no meta
-    kernel). Every conversion runs on initialized real tensors, so none is filtered out."""
+    kernel). Every conversion runs on initialized real tensors, so none is filtered out. The
+    running target's own conversions are drawn as :func:`conversions` draws them (one that
+    refuses the picky tensors gives way to a built-in)."""
     module = draw(modules)
     plain = _plain(devices, False, where)
     picky = [t for t in (*module.parameters(), *module.buffers())
              if is_uninitialized(t) or t.is_meta]
     if picky:
         plain = tuple(c for c in plain if runs_on(c, picky)) or plain
-    return module, draw(_conversions(plain, False))
+    accept = _accepting(devices, False, where, False)
+    return module, draw(_conversions(
+        plain, False, lambda c: accept(c) and (not picky or runs_on(c, picky))))
+
+
+HOST_CONVERSION_CHANCE = 50  # percent of conversion draws that try the target's own ones
 
 
 @st.composite
-def _conversions(draw: Any, plain: tuple[Conversion, ...], raising: bool) -> Conversion:
-    """Uniform over ``plain`` (plus one slot for ``raise_on``, whose k is drawn next)."""
+def _conversions(draw: Any, plain: tuple[Conversion, ...], raising: bool,
+                 host: Callable[[Conversion], bool] | None = None) -> Conversion:
+    """Uniform over ``plain`` (plus one slot for ``raise_on``, whose k is drawn next).
+
+    With ``host`` (which of the running target's own conversions fit, see
+    :mod:`~strategies.host_material`) and a target that has some, first one of them with
+    ``HOST_CONVERSION_CHANCE`` percent: a coin that shrinks to the built-ins, then a draw from the
+    target's strategy; one that ``host`` refuses gives way to a built-in (drawn as without host
+    material, so nothing is filtered). Without host material no choice is drawn for them.
+    """
+    extra = host_material().conversions if host is not None else None
+    if extra is not None and draw(st.integers(0, 99)) >= 100 - HOST_CONVERSION_CHANCE:
+        own = draw(extra)
+        if not isinstance(own, Conversion):
+            raise TypeError("a target's conversions strategy must draw Conversion, got "
+                            f"{type(own).__name__}")
+        if host(own):
+            event(f"conversion: {own.tag}")
+            event(f"host conversion: {own.tag}")
+            return own
     choice = draw(st.sampled_from([*plain, "raise_on"] if raising else plain))
     conversion = raising_conversion(draw(st.integers(1, 6))) if choice == "raise_on" else choice
     event(f"conversion: {conversion.tag}")

@@ -49,9 +49,20 @@ class HostModule:
         return f"from {module} import {name}\n{var} = {name}({call})\n"
 
 
+def _floating_dtype(module: nn.Module) -> Any:
+    """The dtype of the module's first floating or complex parameter or buffer, else None."""
+    for t in (*module.parameters(), *module.buffers()):
+        if t.is_floating_point() or t.is_complex():
+            return t.dtype
+    return None
+
+
 class HostLeaf(nn.Module):
     """A host's module (child ``inner``) with the swapspec forward contract: ``forward(x, **kwargs)``
-    runs ``inner(*inputs(x))``; ``kwargs`` (``fail``, ``report``) are not passed on."""
+    runs ``inner(*inputs(x))`` with ``x`` in the dtype of the module's first floating tensor (a
+    converted module takes its own dtype, as the built-in layers cast their input), and returns
+    the result in ``x``'s dtype (a complex result's real part); ``kwargs`` (``fail``,
+    ``report``) are not passed on."""
 
     def __init__(self, entry: str, inner: nn.Module, inputs: Callable[[Tensor], tuple]) -> None:
         super().__init__()
@@ -60,7 +71,11 @@ class HostLeaf(nn.Module):
         self.inputs = inputs
 
     def forward(self, x: Tensor, **kwargs: Any) -> Tensor:
-        return self.inner(*self.inputs(x))
+        dtype = _floating_dtype(self.inner)
+        out = self.inner(*self.inputs(x if dtype is None else x.to(dtype)))
+        if not isinstance(out, Tensor):
+            return out
+        return (out.real if out.is_complex() else out).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"entry={self.entry!r}"

@@ -8,7 +8,9 @@ strategy of them (``st.sampled_from([...])`` or ``st.builds(HostModule, ...)``).
 * ``build()`` returns a fresh module with the same tensors on every call (seed what it draws).
 * ``inputs(x)`` turns the properties' forward input ``x``, a float32 tensor of shape
   ``(BATCH, FEATURES)``, into the positional arguments of the module's forward (default ``(x,)``).
-  The forward returns a tensor.
+  The forward returns a tensor; inside a drawn tree (``module_trees`` draws host leaves among
+  the others) it must have the input's shape, as the next leaf takes it. The host leaf casts
+  ``x`` to the dtype of the module's first floating tensor and the result back to ``x``'s.
 
 :func:`host_trees` makes each drawn ``HostModule`` a one-leaf tree: a :class:`HostLeaf` root
 whose child ``inner`` is the host's module, so every property that rebuilds, copies or

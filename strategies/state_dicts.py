@@ -165,7 +165,7 @@ def _alias_values(draw: Any, own: dict[str, Any], given: dict[str, Any], tags: s
                 given[key] = first
             elif ((mode == "equal-copies" or (agree and not _equal(given[key], first)))
                   and isinstance(first, Tensor) and not is_lazy(first)):
-                given[key] = first.detach().clone()
+                given[key] = _copy(first)
         tags.add(f"alias: {_alias_tag(given, present)}")
 
 
@@ -185,7 +185,29 @@ def _equal(a: Any, b: Any) -> bool:
     if type(a.detach()) is not type(b.detach()) or (a.dtype, a.shape, a.device) != (
             b.dtype, b.shape, b.device):
         return False
-    return a.is_meta or bool(torch.equal(a.detach(), b.detach()))
+    if a.is_meta:
+        return True
+    try:
+        return bool(torch.equal(a.detach(), b.detach()))
+    except (NotImplementedError, TypeError):  # a host's class without ``equal``: by its parts
+        if not (is_traceable_wrapper_subclass(a) and type(a) is type(b)):
+            raise
+    (names, ctx), (other, other_ctx) = a.__tensor_flatten__(), b.__tensor_flatten__()
+    return (names, ctx) == (other, other_ctx) and all(
+        _equal(getattr(a, n), getattr(b, n)) for n in names)
+
+
+def _copy(t: Tensor) -> Tensor:
+    """``t.detach().clone()``; a traceable wrapper subclass whose class lacks ``clone`` (a host's
+    quantized tensor) rebuilt from copies of its parts."""
+    try:
+        return t.detach().clone()
+    except (NotImplementedError, TypeError):
+        if not is_traceable_wrapper_subclass(t):
+            raise
+    names, ctx = t.__tensor_flatten__()
+    inner = {name: _copy(getattr(t, name)) for name in names}
+    return type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
 
 
 def _invalidate(draw: Any, module: nn.Module, given: dict[str, Any], kinds: dict[str, str],
@@ -273,7 +295,7 @@ def _fail(draw: Any, module: nn.Module, own: dict[str, Any], given: dict[str, An
     first = draw(st.sampled_from(reasons["conflict"]))
     group = next(g for g in _conflict_groups(own, _fitting_keys(own, given)) if g[0] == first)
     if kinds.get(first) in OWN_KINDS:  # the slot's own data yields to any other value: a copy
-        given[first], kinds[first] = given[first].detach().clone(), "fresh"  # does not
+        given[first], kinds[first] = _copy(given[first]), "fresh"  # does not
     given[group[1]] = _different(given[first])
     return reason, (first, group[1])
 

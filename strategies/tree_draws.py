@@ -32,6 +32,7 @@ from swapspec.strategies.tree_needs import (
 from swapspec.strategies.tree_options import (
     BEHAVIOURS,
     DEFAULT_WORLDS,
+    HOST_CHANCE,
     WORLD_REFUSED_DECORATIONS,
     Draw,
     coin,
@@ -50,6 +51,7 @@ from swapspec.strategies.tree_spec import (
     LeafSpec,
     TensorSpec,
     TreeSpec,
+    has_host_leaf,
     tree_slots,
     usable_wrappers,
 )
@@ -83,10 +85,12 @@ def tree_specs(
     worlds: Sequence[str] = DEFAULT_WORLDS,
     world_chance: int = 0,
     needs: Sequence[str] = (),
+    host_chance: int = HOST_CHANCE,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = tree_options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
-                 tuple(behaviours), behaviour_chance, catalogue, catalogue_chance, tuple(needs))
+                 tuple(behaviours), behaviour_chance, catalogue, catalogue_chance, tuple(needs),
+                 host_chance)
     root = draw_node(draw, o, 0, [o.max_leaves])
     if "none-slot" in o.needs:
         root = with_none_slot(root)
@@ -116,7 +120,8 @@ def tree_specs(
     if unknown or not decoration_kinds:
         raise ValueError(f"decoration_kinds must be a non-empty subset of {DECORATION_KINDS}; "
                          f"unknown: {unknown}")
-    world = draw_world(draw, o.needs, worlds, world_chance)
+    # a world remakes every floating tensor as its own class: a host leaf's would stop being the host's
+    world = "" if has_host_leaf(root) else draw_world(draw, o.needs, worlds, world_chance)
     kinds = tuple(k for k in DECORATION_KINDS if k in decoration_kinds
                   and k not in WORLD_REFUSED_DECORATIONS.get(world, ()))
     decorations = draw_decorations(draw, root, tie_specs, decoration_chance, kinds,
@@ -165,6 +170,7 @@ def module_trees(
     worlds: Sequence[str] = DEFAULT_WORLDS,
     world_chance: int = 0,
     needs: Sequence[str] = (),
+    host_chance: int = HOST_CHANCE,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -238,6 +244,19 @@ def module_trees(
       parameter tied or decorated) is drawn as it is; so is, for ``'alias'`` and ``'tie'``, a tree whose training forward
       (``trained``) rebinds a tied buffer, which splits the tie.
 
+    * ``host_chance``: percent of leaves (default 25) drawn from the running target's host
+      modules (:mod:`~strategies.host_material`; a target's ``modules``), where it has some: a
+      :class:`~strategies.host_leaves.HostLeaf` around the host's module, anywhere in the tree,
+      where shares, module hooks, training, wrappers and ties of the other leaves reach it. 0
+      turns them off; without host material nothing is drawn for them (the draws are those of
+      ``host_chance=0``). Shrinks towards built-in leaves. The spec does not know a host leaf's
+      tensors (``leaf_slots`` gives none): a host tensor's class may implement only the ops its
+      own forward needs, so the spec never ties one into another leaf (whose forward would run
+      ops the host never promised) nor ties another leaf's tensor into a host module (which then
+      no longer holds its own class), never decorates one, and counts none for ``needs`` (a
+      needed feature comes from a built-in leaf, added where the tree has none). A tree with a
+      host leaf is built in the plain world (a world would remake the host's tensors).
+
     Each feature of the drawn tree is reported as ``hypothesis.event('tree: <tag>')`` and kept in
     ``tree_info(module).features``.
     """
@@ -250,7 +269,7 @@ def module_trees(
         catalogue=catalogue, catalogue_chance=catalogue_chance,
         wrappers=tuple(wrappers), wrapper_chance=wrapper_chance, tie_chance=tie_chance,
         worlds=tuple(worlds), world_chance=world_chance,
-        needs=tuple(needs),
+        needs=tuple(needs), host_chance=host_chance,
     )
     return strategy.map(_build_and_report)
 

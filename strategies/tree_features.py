@@ -49,7 +49,7 @@ def _container_tags(node: ContainerSpec) -> set[str]:
 
 def _leaf_tags(leaf: LeafSpec, training: bool) -> set[str]:
     if leaf.kind == "host":
-        return {"leaf: host"}
+        return {"leaf: host", f"host: {leaf.entry}"}
     if leaf.kind == "catalogue":
         return _catalogue_tags(leaf)
     if leaf.kind == "LazyLinear":

@@ -27,6 +27,7 @@ WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",),
                              "dtensor": ("orthogonal",)}
 NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
          "parametrizable", "tensor", "trainable", "parameter", "tie", "swappable")
+HOST_CHANCE = 25  # module_trees' default percent of leaves drawn from a target's host modules
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -50,10 +51,15 @@ class TreeOptions:
     catalogue: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...]  # family, (entry, variants)
     catalogue_chance: int
     needs: tuple[str, ...] = ()
+    # the running target's host modules (a strategy of HostModule; strategies.host_material) and
+    # the percent of leaves drawn from them; None: no host leaf, and no choice drawn for one
+    host_modules: Any = None
+    host_chance: int = 0
 
 
 def tree_options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
-                 behaviours, behaviour_chance, catalogue, catalogue_chance, needs=()) -> TreeOptions:
+                 behaviours, behaviour_chance, catalogue, catalogue_chance, needs=(),
+                 host_chance=0) -> TreeOptions:
     """The options of :func:`~strategies.tree_draws.tree_specs`, checked (``ValueError`` for
     one out of range) and narrowed to what can be drawn."""
     if max_depth < 0 or max_leaves < 1:
@@ -64,6 +70,8 @@ def tree_options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads,
                          f"behaviour_chance must be 0..100 (got {behaviour_chance})")
     if not 0 <= catalogue_chance <= 100:
         raise ValueError(f"catalogue_chance must be 0..100 (got {catalogue_chance})")
+    if not 0 <= host_chance <= 100:
+        raise ValueError(f"host_chance must be 0..100 (got {host_chance})")
     names = BUFFER_DTYPES if dtypes is None else tuple(_name(d) for d in dtypes)
     names = tuple(sorted(names, key=BUFFER_DTYPES.index))  # float32 first where allowed
     param = tuple(d for d in names if d in PARAM_DTYPES)
@@ -77,8 +85,12 @@ def tree_options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads,
         raise ValueError(f"needs must come from {NEEDS}; unknown: {unknown}")
     families = (_catalogue_families(lazy, "swappable" in needs)
                 if catalogue and catalogue_chance and "float32" in names else ())
+    from swapspec.strategies.host_material import host_material
+
+    hosts = host_material().modules if host_chance else None
     return TreeOptions(max_depth, max_leaves, sharing, ties, kinds, real_dtypes, grads, param, names,
-                    allowed, behaviour_chance, families, catalogue_chance, tuple(needs))
+                    allowed, behaviour_chance, families, catalogue_chance, tuple(needs),
+                    hosts, host_chance if hosts is not None else 0)
 
 
 @cache

@@ -84,11 +84,20 @@ def _catalogue(draw: Draw, o: TreeOptions) -> LeafSpec:
                     grad=o.grads and coin(draw, 20))
 
 
+def _host(draw: Draw, o: TreeOptions) -> LeafSpec:
+    """A host leaf: one of the target's host modules, registered so the spec can rebuild it."""
+    from swapspec.strategies.host_leaves import register
+
+    return LeafSpec("host", entry=register(draw(o.host_modules)))
+
+
 def draw_node(draw: Draw, o: TreeOptions, depth: int, budget: list[int]) -> LeafSpec | ContainerSpec:
     """A leaf, or (while ``depth < max_depth``, with chance 60% - 12% per level) a container of 1-3 children.
 
     ``budget`` counts the leaves still allowed; a container stops adding children when it reaches 0.
-    The first leaf choice (15%) is the simplest leaf, a generic one with one float32 (4,) parameter, reached
+    With the running target's host modules (``o.host_modules``), a leaf is first one of them with
+    ``o.host_chance`` percent (a coin that shrinks to the built-in leaves; no coin without host
+    modules, so such draws are unchanged). The next leaf choice (15%) is the simplest leaf, a generic one with one float32 (4,) parameter, reached
     with a single choice so that Hypothesis (shortlex) shrinks to it before any other leaf. Then a catalogue
     leaf with ``catalogue_chance`` percent, else a real layer (55%) or a generic leaf.
     """
@@ -102,6 +111,8 @@ def draw_node(draw: Draw, o: TreeOptions, depth: int, budget: list[int]) -> Leaf
             children.append(draw_node(draw, o, depth + 1, budget))
         return ContainerSpec(kind, tuple(children))
     budget[0] -= 1
+    if o.host_modules is not None and coin(draw, o.host_chance):
+        return _host(draw, o)
     if o.param_dtypes and not coin(draw, 85):  # the minimal leaf: no behaviour drawn
         always = o.behaviours if o.behaviour_chance == 100 else ()
         return LeafSpec(tensors=(TensorSpec("p0", dtype=o.param_dtypes[0]),), behaviours=always)

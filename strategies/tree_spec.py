@@ -238,6 +238,11 @@ def leaf_slots(path: str, leaf: LeafSpec) -> list[Slot]:
     return out
 
 
+def has_host_leaf(root: LeafSpec | ContainerSpec) -> bool:
+    """Whether the nominal tree has a host leaf (a target's own module)."""
+    return any(isinstance(n, LeafSpec) and n.kind == "host" for _, _, n in walk(root))
+
+
 def tree_slots(root: LeafSpec | ContainerSpec) -> list[Slot]:
     """All slots of the nominal tree, in build order."""
     return [s for path, _, node in walk(root) if isinstance(node, LeafSpec) for s in leaf_slots(path, node)]

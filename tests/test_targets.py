@@ -73,11 +73,8 @@ def test_every_property_states_what_it_needs():
 
 
 def _draw_with(target, strategy, condition):
-    token = plugged.CURRENT.set(target)
-    try:
+    with plugged.running(target):
         return find(strategy, condition)
-    finally:
-        plugged.CURRENT.reset(token)
 
 
 def test_a_targets_modules_are_drawn_and_rebuilt():

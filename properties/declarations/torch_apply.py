@@ -95,16 +95,20 @@ def swap_refuses_subclass(example: Example) -> bool:
 def commits_before_its_raise(example: Example) -> bool:
     """torch's ``_apply`` raises here (``torch_apply_raises``: a refused ``Parameter`` subclass,
     a graph-carrying grad, an old-style norm, a tied RNN weight, a shared grad) and ``fn``
-    changes a tensor that comes first in its order, which ``_apply`` has committed when it
-    raises; on the overwrite path (swap flag off) a parameter's slot gets a new Parameter even
-    where ``fn`` returns its argument. (The first tensor of the order is taken as the raising
-    one's earliest place.)"""
+    changes a tensor that comes first in its order (or the overwrite path puts a new
+    ``Parameter`` in its slot), which ``_apply`` has committed when it raises. (The first
+    tensor of the order is taken as the raising one's earliest place.)"""
     if not torch_apply_raises(example):
         return False
     order = torch_call_order(example)
-    rebinds = example.flags.overwrite and not example.flags.swap
-    return any(applied is not t or (rebinds and isinstance(t, nn.Parameter))
+    return any(applied is not t or _overwritten(example, t, applied)
                for t, applied in _results(example, order[:-1]))
+
+
+def _overwritten(example: Example, t: Tensor, applied: Any) -> bool:
+    """A parameter the overwrite path replaces by ``Parameter(applied)``: a new object in its
+    slot even where ``fn`` returned the parameter itself."""
+    return isinstance(t, nn.Parameter) and torch_path(example, t, applied) == "overwrite"
 
 
 def old_norm_refusals(example: Example) -> list[Tensor]:

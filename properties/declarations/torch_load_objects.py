@@ -207,10 +207,14 @@ def swap_drops_written_identity(example: Any) -> bool:
 
 
 def round_trip_swap_loses_identity(example: Any) -> bool:
+    """Under the swap flag a parameter loses its grad, and a ``Parameter`` subclass its class
+    and instance attributes. A traceable wrapper subclass parameter (a host's quantized weight)
+    keeps its class: its instance attributes are its parts, which its state dict entry brings."""
     load = example.load
     if not load.swap or swap_refused_by_torch(example) or _has_uninitialized(example):
         return False
-    return any(p.grad is not None or p.__dict__ or type(p) is not nn.Parameter
+    return any(p.grad is not None or (not is_traceable_wrapper_subclass(p)
+                                      and (p.__dict__ or type(p) is not nn.Parameter))
                for p in _params(example))
 
 

@@ -25,7 +25,10 @@ Options (each also read from an environment variable, then from the ini file):
   the table, ``declared`` lists every declaration of the targets run, ``filter_rates``, and
   ``times`` (property -> target -> seconds of the call phase, summed over its tests); a
   failing cell also lists its
-  failures (property, clause, message, repro), and a cell may hold the filter-rate ``cases``.
+  failures (property, clause, message, repro), and a cell may hold the filter-rate ``cases``;
+  for a target with host material (its own ``modules`` or ``conversions``), ``host_reach``
+  (property -> target -> the valid examples, how many drew a host module, how many a host
+  conversion, and each host name's count; also printed after the table).
 - ``--swapspec-repro-dir`` / ``SWAPSPEC_REPRO_DIR``: also write each failure's standalone repro
   to a file there, named after the test id.
 - ``--swapspec-database`` / ``SWAPSPEC_DATABASE``: a directory (or ``redis://host:port/db``);
@@ -81,7 +84,10 @@ from swapspec.properties.harness.report import (
     conformance_table,
     declared_deviations,
     filter_rates,
+    host_case_reach,
+    host_reach,
     invalid_reason,
+    render_host_reach,
     render_rates,
     render_reasons,
     render_table,
@@ -356,18 +362,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(autouse=True)
 def swapspec_current_target(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Let the properties' strategies read the running target (``plugged.CURRENT``), and compare
-    values of its own tensor classes its way (``Target.comparisons``)."""
+    """Let the properties' strategies read the running target and draw its host material
+    (``plugged.running``), and compare values of its own tensor classes its way
+    (``Target.comparisons``)."""
     target = _target_of(request.node)
     if target is None:
         yield
         return
-    token = plugged.CURRENT.set(target)
-    try:
-        with comparing(target.comparisons):
-            yield
-    finally:
-        plugged.CURRENT.reset(token)
+    with plugged.running(target), comparing(target.comparisons):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -463,6 +466,8 @@ def _count_cases(item: pytest.Item) -> Iterator[None]:
         reasons = Counter(invalid_reason(case) for case in cases if case["status"] == "invalid")
         item.swapspec_cases = {"cases": len(cases) - statuses["overrun"],
                                "invalid": statuses["invalid"], "reasons": dict(reasons)}
+        if _has_host_material(_target_of(item)):
+            item.swapspec_host_reach = host_case_reach(cases)
         if outer is not None:
             outer(stats)
 
@@ -471,6 +476,11 @@ def _count_cases(item: pytest.Item) -> Iterator[None]:
         return
     with collector.with_value(note):
         yield
+
+
+def _has_host_material(target: Target | None) -> bool:
+    """Whether ``target`` plugs in modules or conversions of its own."""
+    return target is not None and (target.modules is not None or target.conversions is not None)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -503,6 +513,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             _show_replay(item, report, target, entry["failures"])
         if report.when == "call" and hasattr(item, "swapspec_cases"):
             entry["cases"] = item.swapspec_cases
+        if report.when == "call" and hasattr(item, "swapspec_host_reach"):
+            entry["host_reach"] = item.swapspec_host_reach
         if report.when == "call" and getattr(item, "swapspec_pairs", None):
             entry["pairs"] = item.swapspec_pairs
         report.user_properties.append((REPORT_KEY, entry))
@@ -723,6 +735,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             terminalreporter.write_line("why invalid:")
             for line in reasons:
                 terminalreporter.write_line(line)
+    reach = host_reach(results)
+    if reach:
+        terminalreporter.write_sep("=", "swapspec host reach (share of valid examples that drew "
+                                   "a host module / a host conversion)")
+        for line in render_host_reach(reach):
+            terminalreporter.write_line(line)
     sequence_pairs = pairs.coverage(results)
     if sequence_pairs:
         terminalreporter.write_sep("=", "swapspec ordered pairs of sequence rules (a, then b later)")
@@ -741,6 +759,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                        "times": call_times(results),
                        "declared": declared_deviations(config.swapspec_targets or []),
                        "sequence_pairs": sequence_pairs,
+                       **({"host_reach": reach} if reach else {}),
                        **({"coverage": measured} if measured is not None else {})},
                       f, indent=2, sort_keys=True)
         terminalreporter.write_line(f"swapspec: wrote JSON report to {path}")

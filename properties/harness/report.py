@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from swapspec.properties.harness.targets import Target
 
@@ -281,3 +281,57 @@ def declared_deviations(targets: list[Target]) -> list[dict]:
             if target.name not in entry["targets"]:
                 entry["targets"].append(target.name)
     return list(found.values())
+
+
+HOST_MODULE_EVENT = "tree: host: "  # strategies.tree_features: a drawn tree's host leaf
+HOST_CONVERSION_EVENT = "host conversion: "  # strategies.conversions: a drawn host conversion
+
+
+def host_case_reach(cases: list[dict]) -> dict:
+    """Of the generate phase's valid test cases (Hypothesis statistics' ``test-cases``), how many
+    drew a host module and how many a host conversion (their events), and each host name's
+    count: ``{"cases": n, "modules": k, "conversions": j, "names": {event: count}}``."""
+    valid = [c for c in cases if c.get("status") not in ("overrun", "invalid")]
+    names: Counter[str] = Counter()
+    modules = conversions = 0
+    for case in valid:
+        events = [e for e in case.get("events", []) if isinstance(e, str)]
+        ours = [e for e in events if e.startswith((HOST_MODULE_EVENT, HOST_CONVERSION_EVENT))]
+        names.update(ours)
+        modules += any(e.startswith(HOST_MODULE_EVENT) for e in ours)
+        conversions += any(e.startswith(HOST_CONVERSION_EVENT) for e in ours)
+    return {"cases": len(valid), "modules": modules, "conversions": conversions,
+            "names": dict(sorted(names.items()))}
+
+
+def host_reach(results: list[dict]) -> dict[str, dict[str, dict]]:
+    """``{property: {target: cell}}``: :func:`host_case_reach`'s counts of every test of that
+    pair, summed, for the targets that have host material (a result with ``host_reach``)."""
+    table: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in results:
+        reach = r.get("host_reach")
+        if reach is None:
+            continue
+        cell = table[r["property"]].setdefault(
+            r["target"], {"cases": 0, "modules": 0, "conversions": 0, "names": {}})
+        for key in ("cases", "modules", "conversions"):
+            cell[key] += reach[key]
+        for name, count in reach["names"].items():
+            cell["names"][name] = cell["names"].get(name, 0) + count
+    return {pid: dict(sorted(row.items())) for pid, row in sorted(table.items())}
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"
+
+
+def render_host_reach(reach: dict[str, dict[str, dict]]) -> list[str]:
+    """The host reach table as Markdown rows: per property x target, the share of valid
+    examples that drew a host module / a host conversion (``modules / conversions of n``)."""
+    targets = sorted({t for row in reach.values() for t in row})
+    lines = ["| property | " + " | ".join(targets) + " |", "|---|" + "---:|" * len(targets)]
+    for pid, row in reach.items():
+        cells = [f"{_share(c['modules'], c['cases'])} / {_share(c['conversions'], c['cases'])}"
+                 f" of {c['cases']}" if (c := row.get(t)) else "-" for t in targets]
+        lines.append(f"| `{pid}` | " + " | ".join(cells) + " |")
+    return lines

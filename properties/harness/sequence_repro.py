@@ -14,10 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from swapspec.properties.models import standalone
+
 PRELUDE = [
     "import collections",
     "import copy",
     "import gc",
+    "import importlib",
     "import random",
     "import torch",
     "",
@@ -177,6 +180,8 @@ def tensor_code(t: Tensor) -> str:
     """Python source for a tensor of these values and dtype (meta: its shape; sparse: dense
     values then ``to_sparse()``)."""
     data = t.detach()
+    if standalone.rebuilt_by_parts(data):  # a host's tensor class: by its parts
+        return standalone.wrapper_code(data)
     if data.device.type == "meta":
         return f"torch.empty({list(data.shape)}, dtype={data.dtype}, device='meta')"
     sparse = data.layout != torch.strided

@@ -97,6 +97,7 @@ from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATI
 from swapspec.properties.declarations.torch_contracts import CONTRACT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
+from swapspec.properties.declarations.torch_reach import REACH_DEVIATIONS
 from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
 from swapspec.properties.declarations.xla import XLA_DEVIATIONS
 from swapspec.properties.vocabulary import Deviation
@@ -324,7 +325,8 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
+                                  + REACH_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
                       methods=TORCH_METHODS, invariants=True)
     if name == "torch-stateless":
@@ -333,7 +335,8 @@ def builtin_target(name: str) -> Target:
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS),
+                                  + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
+                                  + REACH_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
                       exact_messages=True, methods=TORCH_METHODS, invariants=True)

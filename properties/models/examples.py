@@ -278,6 +278,61 @@ def value_copy(t: Tensor) -> Tensor:
     return type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
 
 
+def _parts(t: Tensor) -> list[Tensor] | None:
+    """The inner tensors of a traceable wrapper subclass (``__tensor_flatten__``), else None."""
+    if not is_wrapper(t) or is_fake(t):
+        return None
+    names, _ = t.__tensor_flatten__()
+    return [getattr(t, name) for name in names]
+
+
+def plus_one(t: Tensor) -> Tensor:
+    """A detached tensor of ``t``'s class with other values: ``t.detach() + 1``, and for a
+    wrapper subclass whose class lacks ``add`` the class rebuilt from its inner tensors plus
+    one (a bool part negated)."""
+    try:
+        return t.detach() + 1
+    except (NotImplementedError, TypeError):
+        if _parts(t) is None:
+            raise
+    return by_parts(t, _other)
+
+
+def by_parts(t: Tensor, fn: Any) -> Tensor:
+    """A traceable wrapper subclass ``t`` rebuilt from ``fn`` of each of its inner tensors
+    (``__tensor_flatten__``/``__tensor_unflatten__``): what the suite does to a tensor whose
+    class lacks the op it would use."""
+    names, ctx = t.__tensor_flatten__()
+    inner = {name: fn(getattr(t, name)) for name in names}
+    return type(t).__tensor_unflatten__(inner, ctx, t.size(), t.stride())
+
+
+def own_attributes(t: Tensor) -> dict[str, Any]:
+    """``t.__dict__`` without a traceable wrapper subclass's inner tensors (its values, not
+    attributes a conversion should keep)."""
+    parts = set(t.__tensor_flatten__()[0]) if _parts(t) is not None else set()
+    return {k: v for k, v in t.__dict__.items() if k not in parts}
+
+
+def _other(t: Tensor) -> Tensor:
+    return ~t.detach() if t.dtype == torch.bool else plus_one(t)
+
+
+def add_one_(t: Tensor) -> None:
+    """Add one to ``t``'s values in place: ``t.add_(1)``, and for a wrapper subclass whose class
+    lacks ``add_`` to each of its floating inner tensors (their values are its values)."""
+    try:
+        t.add_(1)
+        return
+    except (NotImplementedError, TypeError):
+        parts = _parts(t)
+        if parts is None:
+            raise
+    for part in parts:
+        if part.is_floating_point():
+            add_one_(part)
+
+
 def same_values(a: Tensor, b: Tensor) -> bool:
     """Equal dtype, shape, device and values (NaNs equal); meta and fake tensors compare by
     metadata (and a fake tensor equals only a fake one).

@@ -194,7 +194,8 @@ _GONE = object()
 
 def _same_anywhere(now: Tensor, then: Tensor) -> bool:
     """``same_values``, reading tensors of a device other than CPU and meta on the CPU (an XLA
-    device cannot lower every op ``same_values`` uses), their devices compared first."""
+    device cannot lower every op ``same_values`` uses), their devices compared first, then
+    their classes where one is a wrapper subclass (a swap can change an object's class)."""
     if now.device != then.device:
         return False
     if type(now) is not type(then) and (is_wrapper(now) or is_wrapper(then)):

@@ -13,7 +13,7 @@ from torch.nn.parameter import is_lazy
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.models.examples import Example, slots, value_copy
+from swapspec.properties.models.examples import Example, same_values, slots, value_copy
 from swapspec.strategies.state_dicts import filled_by_overrides
 from swapspec.strategies.state_dicts import (
     swap_refused as swap_refused,  # re-exported: the predicates' name
@@ -62,7 +62,12 @@ def equal_values(a: Any, b: Any) -> bool:
         return False
     if (a.dtype, a.shape, a.device) != (b.dtype, b.shape, b.device):
         return False
-    return a.is_meta or bool(torch.equal(a.detach(), b.detach()))
+    if a.is_meta:
+        return True
+    try:
+        return bool(torch.equal(a.detach(), b.detach()))
+    except (NotImplementedError, TypeError):  # a subclass without ``equal``: by its parts
+        return same_values(a.detach(), b.detach())
 
 
 def groups_by_object(module: nn.Module) -> list[list[str]]:

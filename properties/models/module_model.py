@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from swapspec.properties.models.apply_state import expected_path, same_metadata
-from swapspec.properties.models.examples import named_tensors, value_copy
+from swapspec.properties.models.examples import named_tensors, own_attributes, value_copy
 from swapspec.properties.models.oracle import slot_of
 from swapspec.strategies.trees import TreeSpec, build_tree
 
@@ -152,7 +152,7 @@ class ModuleModel:
             if state.obj is None:
                 state.obj = now
             if state.attributes is None:
-                state.attributes = dict(now.__dict__) if state.parameter else {}
+                state.attributes = own_attributes(now) if state.parameter else {}
             if not state.values_known:
                 state.value = _copy(now)
                 state.grad = None if not state.parameter or now.grad is None else _copy(now.grad)
@@ -522,7 +522,7 @@ class ModuleModel:
 def _state_of(t: Tensor, parameter: bool) -> TensorState:
     grad = t.grad if parameter else None
     return TensorState(
-        names=(), parameter=parameter, cls=type(t), attributes=dict(t.__dict__) if parameter else {},
+        names=(), parameter=parameter, cls=type(t), attributes=own_attributes(t) if parameter else {},
         requires_grad=t.requires_grad, value=_copy(t), obj=t,
         grad=None if grad is None else _copy(grad),
         grad_graph=grad is not None and grad.grad_fn is not None)

@@ -424,7 +424,7 @@ def tensor_code(t: Tensor) -> str:
     data = t.detach()
     if type(data).__name__ == "TwoTensor":
         code = f"TwoTensor({tensor_code(data.a)}, {tensor_code(data.b)})"
-    elif _rebuilt_by_parts(data):
+    elif rebuilt_by_parts(data):
         code = wrapper_code(data)
     elif data.device.type == "meta" or type(data).__name__ == "FakeTensor":  # a fake one: its metadata
         code = f"torch.empty({list(data.shape)}, dtype={data.dtype}, device='meta')"
@@ -435,7 +435,7 @@ def tensor_code(t: Tensor) -> str:
     return f"{code}.requires_grad_()" if t.requires_grad else code
 
 
-def _rebuilt_by_parts(t: Tensor) -> bool:
+def rebuilt_by_parts(t: Tensor) -> bool:
     """A traceable wrapper subclass of an importable class whose flatten context is a literal:
     ``wrapper_code`` writes it (other subclasses, ``DTensor`` among them, are written by value)."""
     if not is_wrapper(t) or is_fake(t) or "<" in type(t).__qualname__:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from swapspec.properties.models.examples import same_values
+from swapspec.properties.models.examples import by_parts, is_wrapper, same_values, value_copy
 from swapspec.properties.models.module_model import ModuleModel, Prediction
 from swapspec.properties.models.outcomes import Outcome
 
@@ -38,7 +38,7 @@ def load_value(value: Tensor, kind: str) -> Tensor:
 
 def shifted(value: Tensor, times: int) -> Tensor:
     """``value`` through ``given_value`` ``times`` times (0: a copy of it)."""
-    out = value.detach().clone()
+    out = value_copy(value)
     for _ in range(times):
         out = given_value(out)
     return out
@@ -48,8 +48,8 @@ def own_copy(t: Tensor) -> Tensor:
     """What untie puts in a slot: ``nn.Parameter(t.detach().clone(), requires_grad=...)`` for a
     parameter, ``t.detach().clone()`` for a buffer."""
     if isinstance(t, nn.Parameter):
-        return nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
-    return t.detach().clone()
+        return nn.Parameter(value_copy(t), requires_grad=t.requires_grad)
+    return value_copy(t)
 
 
 def slot_owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -65,7 +65,12 @@ def given_value(value: Tensor) -> Tensor:
         return torch.empty_like(v)
     if v.dtype == torch.bool:
         return ~v
-    return (v + (0.5 if v.is_floating_point() or v.is_complex() else 1)).clone()
+    try:
+        return (v + (0.5 if v.is_floating_point() or v.is_complex() else 1)).clone()
+    except (NotImplementedError, TypeError):  # a host's class without add: by its parts
+        if not is_wrapper(v):
+            raise
+    return by_parts(v, given_value)
 
 
 def vmapped_call(target: Any, module: nn.Module, stacked: dict[str, Tensor], x: Tensor) -> Tensor:

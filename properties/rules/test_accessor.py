@@ -27,7 +27,7 @@ from swapspec.properties.harness.repro import apply_repro, is_torch
 from swapspec.properties.harness.target_calls import run_converted
 from swapspec.properties.models import invariants
 from swapspec.properties.models.call_state import registration_state
-from swapspec.properties.models.examples import Example, slots
+from swapspec.properties.models.examples import Example, slots, value_copy
 from swapspec.properties.models.outcomes import Outcome, attempt, same_output
 from swapspec.properties.models.parametrize_state import forward
 from swapspec.properties.rules.clauses import no_error
@@ -99,7 +99,7 @@ def fresh(module: nn.Module, name: str) -> Any:
     """A new object for the slot ``name``: a ``Parameter`` for a parameter slot, a plain tensor
     for a buffer slot, of the slot's value (zeros for a ``None`` slot)."""
     old = module.get_submodule(_split(name)[0]).__getattr__(_split(name)[1])
-    value = torch.zeros(2) if old is None else old.detach().clone()
+    value = torch.zeros(2) if old is None else value_copy(old)
     if registry_of(module, name) == "_parameters":
         return nn.Parameter(value, requires_grad=old is None or old.requires_grad)
     return value
@@ -109,7 +109,15 @@ FRESH_CODE = ("def fresh(module, name):\n"
               "    prefix, _, attr = name.rpartition('.')\n"
               "    owner = module.get_submodule(prefix)\n"
               "    old = getattr(owner, attr)\n"
-              "    value = torch.zeros(2) if old is None else old.detach().clone()\n"
+              "    if old is None:\n"
+              "        value = torch.zeros(2)\n"
+              "    elif hasattr(old, '__tensor_flatten__'):  # a wrapper subclass: by its parts\n"
+              "        names, ctx = old.__tensor_flatten__()\n"
+              "        value = type(old).__tensor_unflatten__(\n"
+              "            {n: getattr(old, n).detach().clone() for n in names}, ctx, old.size(),\n"
+              "            old.stride())\n"
+              "    else:\n"
+              "        value = old.detach().clone()\n"
               "    if attr in owner._parameters:\n"
               "        return torch.nn.Parameter(value, requires_grad=old is None or "
               "old.requires_grad)\n"

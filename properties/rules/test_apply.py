@@ -17,7 +17,6 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
-from swapspec.properties.harness.plugged import with_converted, with_modules
 from swapspec.properties.harness.repro import apply_repro, method_repro
 from swapspec.properties.harness.target_calls import run_apply, run_converted, run_method
 from swapspec.properties.models.apply_state import (
@@ -52,8 +51,8 @@ from swapspec.strategies.trees import WRAPPERS
 
 # Each property draws the trees it needs by construction (see module_trees' ``needs``), and a
 # conversion that runs on the drawn tree (modules_with_conversions), so few examples are filtered.
-# A target's own modules and conversions too, where a one-leaf tree is as good an example as any;
-# the properties that need ties, grads, None slots, children or a refused swap draw built-in trees.
+# A target's own modules and conversions come through the same strategies (module_trees draws
+# host leaves, the conversion draws host conversions: strategies.host_material).
 #
 # Each property that judges a conversion's effect draws it in either form, one chance in two
 # (``either_form``): ``_apply(fn)`` with a modelled fn (what a host's own conversion needs), or
@@ -71,9 +70,9 @@ def either_form(modules, **options):
                      modules_with_method_conversions(modules, **options))
 
 
-trees = with_modules(module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE))  # functional_call refuses DataParallel
-converted = with_converted(modules_with_conversions(trees))
-converted_either = with_converted(either_form(trees))
+trees = module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE)  # functional_call refuses DataParallel
+converted = modules_with_conversions(trees)
+converted_either = either_form(trees)
 converted_with_grads = either_form(module_trees(wrappers=WRAPPERS, needs=("grad",)))
 converted_with_none_slots = either_form(module_trees(
     wrappers=WRAPPERS, needs=("none-slot",), world_chance=WORLD_CHANCE))

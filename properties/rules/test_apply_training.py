@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
-from swapspec.properties.harness.plugged import with_conversions
 from swapspec.properties.harness.repro import apply_repro
 from swapspec.properties.harness.target_calls import run_converted
 from swapspec.properties.models.apply_state import (
@@ -47,9 +46,9 @@ trainable_trees = module_trees(lazy=False, wrappers=WRAPPERS, world_chance=WORLD
 # The conversion under test is drawn as ``_apply(fn)`` or, one chance in two, as the public
 # method call (``module.half()``...; no ``share_memory()``, which kills the interpreter on the
 # TwoTensor world's parameters).
-cpu_conversions = with_conversions(st.one_of(
+cpu_conversions = st.one_of(
     conversions(devices=(), raising=False),
-    method_conversions(devices=(), where=lambda c: c.call.method != "share_memory")))
+    method_conversions(devices=(), where=lambda c: c.call.method != "share_memory"))
 # Conversions after which backward() still runs on CPU: dense, real floating results.
 BACKWARD_SAFE = ("float()", "double()", "half()", "bfloat16()", "to(torch.float64)", "cpu()",
                  "share_memory()", "add(1)", "to_empty(device='cpu')",

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
-from swapspec.properties.harness.plugged import CURRENT, with_modules
+from swapspec.properties.harness.plugged import CURRENT
 from swapspec.properties.harness.repro import asserting_repro, converted_body
 from swapspec.properties.harness.target_calls import run_converted
 from swapspec.properties.models.apply_state import WORLD_CHANCE, snapshot_for_apply
@@ -25,7 +25,7 @@ from swapspec.strategies.contracts import raising_allowed
 from swapspec.strategies.method_calls import modules_with_method_conversions
 from swapspec.strategies.trees import WRAPPERS
 
-trees = with_modules(module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE))
+trees = module_trees(wrappers=WRAPPERS, world_chance=WORLD_CHANCE)
 by_method = modules_with_method_conversions(trees, where=lambda c: c.contract is not None)
 
 

@@ -20,7 +20,6 @@ from torch.nn.utils import parametrize
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
-from swapspec.properties.harness.plugged import with_modules
 from swapspec.properties.harness.repro import call_repro, keyword_code
 from swapspec.properties.harness.target_calls import (
     call_target,
@@ -67,7 +66,7 @@ from swapspec.strategies import (
 )
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 
-trees = with_modules(module_trees(world_chance=WORLD_CHANCE))
+trees = module_trees(world_chance=WORLD_CHANCE)
 # FC-WRITE-BACK needs forwards that update or rebind given buffers: half the leaves do.
 # Plain tensors only: a write-back is a rebind of a buffer's object, the same in every world.
 updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance=50,
@@ -75,7 +74,7 @@ updating_trees = module_trees(behaviours=("inplace", "rebind"), behaviour_chance
 # FC-TIES needs aliases: trees get ties wherever two compatible slots exist (and no lazy leaves,
 # whose uninitialized parameters cannot be given), so few examples are filtered.
 # FC-GRADIENTS: a parameter that requires grad, so a valid call always has a leaf to reach
-trainable_trees = with_modules(module_trees(world_chance=WORLD_CHANCE, needs=("trainable",)))
+trainable_trees = module_trees(world_chance=WORLD_CHANCE, needs=("trainable",))
 tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_chance=WORLD_CHANCE)
 
 

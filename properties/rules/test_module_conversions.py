@@ -3,7 +3,7 @@
 held to ``_apply``'s rules where they apply: one rule per test.
 
 A target without module conversions skips the family (``vocabulary.NEEDS``). Modules are
-module trees and the target's own modules (``plugged.with_modules``); each conversion is the
+module trees, with the target's own modules among their leaves; each conversion is the
 target's, a fresh function per example. Repros are standalone scripts with the host's imports at
 the head, that run the conversion and exit 1 (a failed assert) on the violation.
 """
@@ -19,7 +19,7 @@ from torch import nn
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
-from swapspec.properties.harness.plugged import CURRENT, with_modules
+from swapspec.properties.harness.plugged import CURRENT
 from swapspec.properties.harness.repro import asserting_repro
 from swapspec.properties.models.apply_state import slot_code
 from swapspec.properties.models.examples import (
@@ -37,9 +37,9 @@ from swapspec.strategies import host_trees, module_trees
 from swapspec.strategies.contracts import raising_allowed
 from swapspec.strategies.trees import WRAPPERS
 
-trees = with_modules(module_trees(wrappers=WRAPPERS, lazy=False))
-tied = with_modules(module_trees(wrappers=WRAPPERS, lazy=False, tie_chance=100, needs=("alias",)))
-trainable = with_modules(module_trees(wrappers=WRAPPERS, lazy=False, needs=("leaf-grads",)))
+trees = module_trees(wrappers=WRAPPERS, lazy=False)
+tied = module_trees(wrappers=WRAPPERS, lazy=False, tie_chance=100, needs=("alias",))
+trainable = module_trees(wrappers=WRAPPERS, lazy=False, needs=("leaf-grads",))
 
 CONVERT_BODY = ["try:", "    convert(module)", "    error = None", "except Exception as e:",
                 "    error = e", "    print('raised', type(e).__name__, e)",

@@ -6,7 +6,7 @@ is one), ``quantize`` (a per-tensor conversion) and a target that reuses torch's
 It is a traceable wrapper subclass (``__tensor_flatten__``/``__tensor_unflatten__``) whose
 ``__torch_dispatch__`` answers ``detach``, ``t`` (the dequantized transpose, so that ``addmm``
 and ``mm`` run on plain tensors), ``_to_copy`` (a new dtype for the scale, a new device for
-both) and ``alias``; every other op raises ``NotImplementedError``, as many subclass libraries
+both), ``alias`` and ``copy_`` (parts copied in place: ``load_state_dict`` loads a QLinear); every other op raises ``NotImplementedError``, as many subclass libraries
 do. Nothing here implements ``equal``, ``clone``, ``isnan`` or ``tolist``: the suite's
 comparisons, snapshots and repros must do without them.
 
@@ -49,6 +49,18 @@ class OpaqueQTensor(Tensor):
     def dequantize(self) -> Tensor:
         return self.qdata.to(self.scale.dtype) * self.scale
 
+    def __deepcopy__(self, memo: dict) -> OpaqueQTensor:
+        """A copy of its parts (``copy.deepcopy`` of a module that holds one)."""
+        import copy
+
+        if id(self) in memo:
+            return memo[id(self)]
+        out = type(self)(copy.deepcopy(self.qdata, memo), copy.deepcopy(self.scale, memo))
+        if getattr(self, "_is_param", False):
+            out = nn.Parameter(out, requires_grad=self.requires_grad)
+        memo[id(self)] = out
+        return out
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
@@ -75,21 +87,36 @@ def _to_copy(q: OpaqueQTensor, *, dtype: Any = None, device: Any = None, **_: An
     return type(q)(q.qdata.to(device=device), q.scale.to(device=device, dtype=dtype))
 
 
+def _copy_(q: OpaqueQTensor, src: Tensor, non_blocking: bool = False) -> OpaqueQTensor:
+    """``q.copy_(src)``: ``src``'s parts (a quantized tensor), or ``src`` quantized (a plain
+    one), written into ``q``'s own parts (what ``load_state_dict`` needs)."""
+    parts = src if isinstance(src, OpaqueQTensor) else quantize_values(src)
+    q.qdata.copy_(parts.qdata)
+    q.scale.copy_(parts.scale)
+    return q
+
+
 _OPS = {
     aten.detach.default: lambda q: type(q)(q.qdata, q.scale),
     aten.alias.default: lambda q: type(q)(q.qdata, q.scale),
     aten.t.default: lambda q: q.dequantize().t(),
     aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
 }
+
+
+def quantize_values(t: Tensor, cls: type = QTensor) -> OpaqueQTensor:
+    """A floating matrix's values as a ``cls`` (symmetric, per row)."""
+    data = t.detach()
+    scale = (data.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-8)
+    return cls(torch.round(data / scale).clamp(-127, 127).to(torch.int8), scale)
 
 
 def quantize(t: Tensor, cls: type = QTensor) -> Tensor:
     """A floating matrix as a ``cls`` (symmetric, per row); anything else as it is."""
     if not (t.is_floating_point() and t.dim() == 2) or isinstance(t, OpaqueQTensor):
         return t
-    data = t.detach()
-    scale = (data.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-8)
-    q = cls(torch.round(data / scale).clamp(-127, 127).to(torch.int8), scale)
+    q = quantize_values(t, cls)
     return nn.Parameter(q, requires_grad=False) if isinstance(t, nn.Parameter) else q
 
 
