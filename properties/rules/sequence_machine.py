@@ -107,6 +107,7 @@ from swapspec.strategies import (
     tree_info,
 )
 from swapspec.strategies.decorations import OLD_STYLE
+from swapspec.strategies.host_leaves import HostLeaf
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS
 
 # The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
@@ -308,7 +309,10 @@ class SequenceMachine(RuleBasedStateMachine):
         # attribute on the module in a forward pre-hook: under vmap that is a batched tensor
         # escaping the vmapped function, and every later use of it raises (torch's documented
         # vmap limitation), so the module is not left as it was in any way the spec can state.
-        self.vmappable = not any(d.kind in OLD_STYLE for d in spec.decorations)
+        # A host's module promises its forward on the tensors it was given, not on batched ones
+        # (a wrapper subclass cannot even be stacked): no vmap step on a tree that holds one.
+        self.vmappable = (not any(d.kind in OLD_STYLE for d in spec.decorations)
+                          and not any(isinstance(m, HostLeaf) for m in module.modules()))
         self.build_lines = [*tree_info(module).source("module").splitlines(),
                             f"x = {repro.tensor_code(self.x)}"]
         self.after(self.begin("build"), Prediction(), Outcome(), [])
