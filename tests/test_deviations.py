@@ -664,3 +664,19 @@ def test_a_sometimes_declaration_is_stale_after_its_count_unless_no_count_can_te
     assert sorted(hits.values()) == [3, 3] and not any(seen.values())
     assert [key[2] for key in stale] == [counted.key]
     assert not not_yet  # under 3 examples: not yet
+
+
+def test_a_norm_layer_fills_in_its_missing_batch_count_unless_the_metadata_is_version_two():
+    """``norm_defaults``: torch's ``_NormBase`` loads a missing ``num_batches_tracked`` from the
+    buffer itself where the state dict's metadata gives no version 2 (a plain dict)."""
+    from torch import nn
+
+    from swapspec.properties.declarations.torch_load_failures import norm_defaults
+
+    module = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), nn.BatchNorm1d(2, track_running_stats=False))
+    [(key, slot, value)] = norm_defaults(module, {})
+    assert key == "1.num_batches_tracked" and slot is value is module[1].num_batches_tracked
+    versioned = module.state_dict()
+    del versioned["1.num_batches_tracked"]
+    assert norm_defaults(module, versioned) == []  # version 2 metadata: torch leaves it missing
+    assert norm_defaults(module, {"1.num_batches_tracked": torch.tensor(3)}) == []

@@ -109,7 +109,11 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         ("LOAD-ATOMIC", *CROSS_DEVICE), writes_before_failing, ("changed", "INV-RAISE-UNCHANGED"),
         "torch loads key by key and only raises at the end, so every key it could load stays "
-        "loaded when another key fails.\n"
+        "loaded when another key fails; a norm layer's num_batches_tracked missing from the "
+        "dict is such a key, loaded from the buffer itself (under the swap flag a new "
+        "TensorImpl: m = torch.nn.BatchNorm1d(4, affine=False); c = "
+        "m.num_batches_tracked._cdata; torch.__future__.set_swap_module_params_on_conversion("
+        "True); m.load_state_dict({}) raises, and m.num_batches_tracked._cdata != c).\n"
         "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
         "sd = {k: v + 1 for k, v in m.state_dict().items()}; sd['1.bias'] = torch.zeros(5)\n"
         "w = m[0].weight.clone()\n"
