@@ -309,11 +309,18 @@ def overwrite_splits_tied_parameters(example: Example) -> bool:
 
 def split_tie_shares_grad(example: Example) -> bool:
     """A tied parameter with a grad takes the overwrite path: torch gives each slot its own new
-    Parameter, and each of them ``fn(grad)``: one grad object where ``fn`` returns its input."""
+    Parameter, and each of them ``fn(grad)``: one grad object where ``fn`` returns its input
+    (for a new grad per call, each Parameter has its own)."""
     held = _distinct_slots(example, "_parameters")
     return not torch_apply_raises(example) and any(
         held[id(p)] > 1 and p.grad is not None and torch_path(example, p, applied) == "overwrite"
+        and _returns_itself(example, p.grad)
         for p, applied in _results(example, _params(example)))
+
+
+def _returns_itself(example: Example, t: Tensor) -> bool:
+    """A fresh ``fn`` returns ``t`` itself."""
+    return any(applied is t for _, applied in _results(example, [t]))
 
 
 def rebinding_splits_tied_buffers(example: Example) -> bool:
