@@ -199,5 +199,6 @@ def script(target: Any, build: list[str], steps: list[list[str]], asserts: list[
     """The whole repro: prelude, target, build, every step (numbered), then the asserts."""
     lines = [*PRELUDE, *target_lines(target), *build]
     for n, step in enumerate(steps, 1):
-        lines += [f"# step {n}", "gc.collect()  # no cycle left by an earlier step may decide a swap", *step]
+        lines += [f"# step {n}", "out = None  # an earlier step's output and its graph are not kept",
+                  "gc.collect()  # no cycle left by an earlier step may decide a swap", *step]
     return "\n".join([*lines, "# the broken rule:", *asserts])
