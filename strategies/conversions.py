@@ -64,8 +64,10 @@ class ConversionError(RuntimeError):
     """Raised by a ``raise_on(k)`` conversion on its k-th call."""
 
 
-def raise_on(k: int) -> Callable[[Tensor], Tensor]:
-    """A fresh ``t + 1`` fn that raises :class:`ConversionError` on its ``k``-th call (1-based)."""
+def raise_on(k: int, base: Callable[[Tensor], Tensor] | None = None
+             ) -> Callable[[Tensor], Tensor]:
+    """A fresh fn that raises :class:`ConversionError` on its ``k``-th call (1-based) and
+    otherwise returns ``base(t)`` (default ``t + 1``)."""
     calls = 0
 
     def fn(t: Tensor) -> Tensor:
@@ -73,7 +75,7 @@ def raise_on(k: int) -> Callable[[Tensor], Tensor]:
         calls += 1
         if calls == k:
             raise ConversionError(f"raise_on({k}): call {calls}")
-        return t + 1
+        return t + 1 if base is None else base(t)
 
     return fn
 
@@ -107,6 +109,12 @@ class Conversion:
     # What each converted tensor must be (``strategies.contracts.Contract``), checked by
     # APPLY-CONTRACT instead of the function's own output; None: no contract stated.
     contract: Any = field(default=None, compare=False)
+    # Whether a module converted by it still trains on the CPU as it did: every floating
+    # tensor comes back a dense floating CPU tensor of its own dtype (same shape), so forward,
+    # backward, tensor hooks and optimizer steps run. The properties about training
+    # (APPLY-OPTIMIZER, APPLY-TENSOR-HOOKS, APPLY-FORWARD's earlier conversions, the sequences'
+    # palette, PARAMETRIZE-) draw a host's conversion only where it says so.
+    trainable: bool = field(default=False, compare=False)
 
     def make_fn(self) -> Callable[[Tensor], Tensor]:
         """A fresh fn (its own call counter for ``raise_on``), evaluated from ``repro`` after
@@ -177,21 +185,54 @@ ADD_ONE_WRAPPING_MATRICES = Conversion(
 )
 
 
-def value_changing_conversions() -> st.SearchStrategy[Conversion]:
+def value_changing_conversions(*, hosted: bool = False) -> st.SearchStrategy[Conversion]:
     """Draw ``add(1)`` or ``add(1), TwoTensor for matrices``; shrinks towards ``add(1)``.
 
     Both give every tensor a new object with new values, so every change ``_apply`` commits shows; the second mixes
     the swap path with the flags' path in one call. Neither works on ``UninitializedParameter``.
-    A target's own conversions are not drawn here: no field of ``Conversion`` promises a new
-    object with new values for every tensor, which the properties that draw these rely on.
+    With ``hosted``, one of the running target's own CPU conversions that do not raise is drawn
+    instead, one chance in two (as :func:`conversions` draws them): a property that draws it
+    must not rely on every tensor changing (a host's conversion may return some as they are).
     Reports ``hypothesis.event('conversion: <tag>')``.
     """
-    return _conversions((ADD_ONE, ADD_ONE_WRAPPING_MATRICES), False)
+    return _conversions((ADD_ONE, ADD_ONE_WRAPPING_MATRICES), False,
+                        _cpu_not_raising if hosted else None)
 
 
-def raising_conversion(k: int) -> Conversion:
-    """``raise_on(k=k)``: ``t + 1`` that raises :class:`ConversionError` on its k-th call."""
-    return Conversion(f"raise_on(k={k})", f"raise_on({k})", raises_on=k)
+def among(plain: Sequence[Conversion], *, host: Callable[[Conversion], bool] | None = None
+          ) -> st.SearchStrategy[Conversion]:
+    """Draw one of ``plain`` (shrinking towards the first) or, with ``host``, one chance in two
+    one of the running target's own conversions that ``host`` accepts (as :func:`conversions`
+    draws them). Without host material it draws exactly what ``st.sampled_from(plain)`` draws."""
+    return _conversions(tuple(plain), False, host)
+
+
+def trainable_on_cpu(conversion: Conversion) -> bool:
+    """A host conversion the training properties may draw: ``trainable``, on the CPU, never
+    raising by design."""
+    return conversion.trainable and conversion.device == "cpu" and conversion.raises_on is None
+
+
+def raising_conversion(k: int, base: Conversion | None = None) -> Conversion:
+    """``raise_on(k=k)``: ``t + 1`` (or ``base``'s fn) that raises :class:`ConversionError` on
+    its k-th call. Over a ``base``, the name, repro and imports are ``base``'s, wrapped."""
+    if base is None:
+        return Conversion(f"raise_on(k={k})", f"raise_on({k})", raises_on=k)
+    return Conversion(f"raise_on(k={k}) over {base.name}", f"raise_on({k}, {base.repro})",
+                      preserves_values=base.preserves_values, raises_on=k, device=base.device,
+                      imports=base.imports)
+
+
+@st.composite
+def raising_bases(draw: Any) -> Conversion | None:
+    """The fn a ``raise_on(k)`` conversion wraps: None (``t + 1``) or, one chance in two, one
+    of the running target's own CPU conversions that do not raise on their own (as
+    :func:`conversions` draws them). Without host material it draws nothing: always None."""
+    return _host_conversion(draw, _cpu_not_raising)
+
+
+def _cpu_not_raising(conversion: Conversion) -> bool:
+    return conversion.device == "cpu" and conversion.raises_on is None
 
 
 def conversions(
@@ -279,6 +320,7 @@ def modules_with_conversions(
 
 
 HOST_CONVERSION_CHANCE = 50  # percent of conversion draws that try the target's own ones
+HOST_CONVERSION_TRIES = 3  # draws from the target's conversions before giving way to a built-in
 
 
 @st.composite
@@ -286,14 +328,28 @@ def _conversions(draw: Any, plain: tuple[Conversion, ...], raising: bool,
                  host: Callable[[Conversion], bool] | None = None) -> Conversion:
     """Uniform over ``plain`` (plus one slot for ``raise_on``, whose k is drawn next).
 
-    With ``host`` (which of the running target's own conversions fit, see
-    :mod:`~strategies.host_material`) and a target that has some, first one of them with
-    ``HOST_CONVERSION_CHANCE`` percent: a coin that shrinks to the built-ins, then a draw from the
-    target's strategy; one that ``host`` refuses gives way to a built-in (drawn as without host
-    material, so nothing is filtered). Without host material no choice is drawn for them.
+    With ``host`` (which of the running target's own conversions fit), first
+    :func:`_host_conversion`; without one (or where it draws none) the draw above.
     """
+    own = _host_conversion(draw, host)
+    if own is not None:
+        return own
+    choice = draw(st.sampled_from([*plain, "raise_on"] if raising else plain))
+    conversion = raising_conversion(draw(st.integers(1, 6))) if choice == "raise_on" else choice
+    event(f"conversion: {conversion.tag}")
+    return conversion
+
+
+def _host_conversion(draw: Any, host: Callable[[Conversion], bool] | None) -> Conversion | None:
+    """One of the running target's own conversions (:mod:`~strategies.host_material`) that
+    ``host`` accepts, with ``HOST_CONVERSION_CHANCE`` percent: a coin that shrinks to None, then
+    up to ``HOST_CONVERSION_TRIES`` draws from the target's strategy until ``host`` accepts one
+    (a target whose conversions suit different properties); None if it accepts none. Without
+    ``host`` or host material no choice is drawn."""
     extra = host_material().conversions if host is not None else None
-    if extra is not None and draw(st.integers(0, 99)) >= 100 - HOST_CONVERSION_CHANCE:
+    if extra is None or draw(st.integers(0, 99)) < 100 - HOST_CONVERSION_CHANCE:
+        return None
+    for _ in range(HOST_CONVERSION_TRIES):
         own = draw(extra)
         if not isinstance(own, Conversion):
             raise TypeError("a target's conversions strategy must draw Conversion, got "
@@ -302,7 +358,4 @@ def _conversions(draw: Any, plain: tuple[Conversion, ...], raising: bool,
             event(f"conversion: {own.tag}")
             event(f"host conversion: {own.tag}")
             return own
-    choice = draw(st.sampled_from([*plain, "raise_on"] if raising else plain))
-    conversion = raising_conversion(draw(st.integers(1, 6))) if choice == "raise_on" else choice
-    event(f"conversion: {conversion.tag}")
-    return conversion
+    return None

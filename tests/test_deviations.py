@@ -477,6 +477,74 @@ def test_a_refused_weight_v_swap_commits_weight_g_only_once_its_graph_is_freed(s
     assert predicted == (step == "backward")
 
 
+def _torch_swaps_before_refusing(module: torch.nn.Module, fn, refused: str) -> dict[str, bool]:
+    """Per parameter, whether torch's swap-path ``_apply(fn)`` with ``refused`` held by a weak
+    reference gave it a new TensorImpl, and whether its values changed."""
+    import weakref
+
+    before = {n: (p._cdata, p.detach().clone()) for n, p in module.named_parameters()}
+    held = weakref.ref(module.get_parameter(refused))
+    with torch_swap_flag_set(), pytest.raises(RuntimeError):
+        module._apply(fn)
+    del held
+    return {n: (p._cdata != before[n][0], not torch.equal(p.detach(), before[n][1]))
+            for n, p in module.named_parameters()}
+
+
+def _two_parameters() -> torch.nn.Module:
+    module = torch.nn.Module()
+    module.a = torch.nn.Parameter(torch.ones(2))
+    module.b = torch.nn.Parameter(torch.ones(2))
+    return module
+
+
+@pytest.mark.parametrize("name", ["add(1)", "cpu()"])
+def test_a_swap_before_a_refused_one_is_predicted_visible_or_impl_only(name):
+    """``fn`` returning ``a`` changed: a visible conversion before the refused ``b``; returning
+    it as it was (``cpu()``): only ``a``'s TensorImpl is new, which the second declaration
+    (an allocator may reuse the address) covers, and torch does swap it."""
+    from swapspec.properties.declarations.torch_apply import (
+        converts_before_refused_swap,
+        swaps_unseen_before_refused_swap,
+    )
+    from swapspec.properties.models.apply_state import conversion_named
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+
+    conversion = conversion_named(name)
+    example = Example(_two_parameters(), conversion=conversion,
+                      flags=FlagSetting(overwrite=False, swap=True), refused="b")
+    changed = _torch_swaps_before_refusing(_two_parameters(), conversion.make_fn(), "b")
+    assert converts_before_refused_swap(example) == changed["a"][1]
+    assert swaps_unseen_before_refused_swap(example) == (not changed["a"][1])
+    assert not changed["b"][0] and not changed["b"][1]
+
+
+def test_an_fn_that_returns_its_input_commits_nothing_visible_before_raising():
+    """``raise_on(2)`` over a function that returns a tensor as it was: the first call's commit
+    shows only where the overwrite path puts a new parameter in the slot."""
+    from swapspec.properties.declarations.torch_apply import commits_before_raising
+    from swapspec.properties.models.apply_state import conversion_named
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import raising_conversion
+
+    over_cpu = raising_conversion(2, conversion_named("cpu()"))
+    for overwrite in (False, True):
+        example = Example(_two_parameters(), conversion=over_cpu,
+                          flags=FlagSetting(overwrite=overwrite, swap=False))
+        module = _two_parameters()
+        a, values = module.a, module.a.detach().clone()
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+        try:
+            with pytest.raises(RuntimeError, match="raise_on"):
+                module._apply(over_cpu.make_fn())
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(False)
+        shows = module.a is not a or not torch.equal(module.a.detach(), values)
+        assert commits_before_raising(example) == shows == overwrite
+
+
 def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
     """Whether a hook registered on the first parameter before ``conversions`` (torch's
     ``_apply``, default flags) fires in a backward after them."""

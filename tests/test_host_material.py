@@ -8,16 +8,26 @@ import dataclasses
 from functools import partial
 
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from swapspec.properties.harness import plugged
 from swapspec.strategies import Conversion, HostModule, conversions, module_trees, tree_info
-from swapspec.strategies.conversions import CONVERSIONS, modules_with_conversions
+from swapspec.strategies.conversions import (
+    ADD_ONE,
+    CONVERSIONS,
+    among,
+    modules_with_conversions,
+    raising_bases,
+    raising_conversion,
+    trainable_on_cpu,
+    value_changing_conversions,
+)
 from swapspec.strategies.host_material import HostMaterial, host_material, hosting
 from swapspec.strategies.tree_draws import tree_specs
 from swapspec.strategies.tree_spec import has_host_leaf
-from tests.planted.quantized import QUANTIZE, QLinear
+from tests.planted.quantized import FAKE_QUANTIZE, QUANTIZE, QLinear
 
 Q_LINEAR = HostModule("test.QLinear", partial(QLinear, seed=0))
 RAISING = Conversion("test.raising", "lambda t: t", raises_on=1)
@@ -102,6 +112,40 @@ def test_modules_with_conversions_draws_host_conversions_that_change_the_impl():
                        100)
     assert any(c.name == ON_META.name for _, c in cases)
     assert any(has_host_leaf(tree_info(m).spec.root) for m, _ in cases)
+
+
+def test_the_training_properties_draw_only_trainable_host_conversions():
+    """``among(..., host=trainable_on_cpu)``: the target's ``trainable`` conversions, never the
+    others; with only untrainable ones, the built-ins alone; without host material, exactly
+    ``sampled_from``'s draws."""
+    plain = [c for c in CONVERSIONS if c.name in ("float()", "double()")]
+    with hosting(None, st.sampled_from([QUANTIZE, FAKE_QUANTIZE])):
+        drawn = {c.name for c in _drawn(among(plain, host=trainable_on_cpu), 150)}
+    assert FAKE_QUANTIZE.name in drawn and QUANTIZE.name not in drawn
+    with hosting(None, st.just(QUANTIZE)):
+        assert {c.name for c in _drawn(among(plain, host=trainable_on_cpu), 150)} <= {
+            c.name for c in plain}
+    assert [c.name for c in _drawn(among(plain, host=trainable_on_cpu))] == [
+        c.name for c in _drawn(st.sampled_from(plain))]
+
+
+def test_atomicity_and_refused_swaps_draw_host_conversions_only_with_host_material():
+    """A raising fn wraps a host conversion half the time (its repro and imports wrapped too);
+    ``value_changing_conversions(hosted=True)`` draws host ones; neither without material."""
+    assert set(_drawn(raising_bases())) == {None}
+    assert {c.name for c in _drawn(value_changing_conversions(hosted=True))} <= {
+        ADD_ONE.name, "add(1), TwoTensor for matrices"}
+    with hosting(None, st.sampled_from([QUANTIZE, RAISING])):
+        bases = {b.name if b else None for b in _drawn(raising_bases(), 150)}
+        assert bases == {None, QUANTIZE.name}  # never a host conversion that raises itself
+        hosted = {c.name for c in _drawn(value_changing_conversions(hosted=True), 150)}
+        assert QUANTIZE.name in hosted and RAISING.name not in hosted
+    wrapped = raising_conversion(2, QUANTIZE)
+    assert wrapped.imports == QUANTIZE.imports and "quantize(t)" in wrapped.source()
+    fn, matrix = wrapped.make_fn(), torch.randn(3, 3)
+    assert type(fn(matrix)).__name__ == "QTensor"
+    with pytest.raises(RuntimeError, match="raise_on"):
+        fn(matrix)
 
 
 def test_a_host_conversions_strategy_must_draw_conversions():

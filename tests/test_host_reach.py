@@ -1,5 +1,5 @@
 """Host material reaches every property family: a CI-profile run against the planted quantized
-target (``tests.planted.quantized:target``: QLinear host modules, the quantize conversion)
+target (``tests.planted.quantized:target``: QLinear host modules, the quantize and fake_quantize conversions)
 draws host modules and host conversions in at least one property of each family, above the
 floors below (from the JSON report's ``host_reach``, which the plugin collects from the
 Hypothesis events ``tree: host: <name>`` and ``host conversion: <name>``).
@@ -30,10 +30,15 @@ CHOSEN = {
     "TOGETHER": ("TOGETHER-CONVERTED-CALL", "TOGETHER-CONVERTED-CALL"),
     "CHECKPOINT": ("CHECKPOINT-LOAD-HOOKS", "CHECKPOINT-PICKLE"),
     "REGISTER": ("REGISTER-SLOT", None),
-    "PARAMETRIZE": ("PARAMETRIZE-ASSIGN", None),
+    "PARAMETRIZE": ("PARAMETRIZE-ASSIGN", "PARAMETRIZE-ASSIGN"),
     "ACCESSOR": ("ACCESSOR-GET", "ACCESSOR-GET"),
-    "SEQ": ("SEQ-STATE", None),
+    "SEQ": ("SEQ-STATE", "SEQ-STATE"),
 }
+# the apply properties about what a conversion does to training and to a failed conversion:
+# each draws host conversions (the planted target's ``fake_quantize`` is ``trainable``; the
+# atomicity properties wrap the target's own conversion in a raising fn or refuse its swap)
+APPLY_CONVERSIONS = ("APPLY-TIES", "APPLY-GRADS", "APPLY-ATOMIC", "APPLY-REFUSED-SWAP",
+                     "APPLY-OPTIMIZER", "APPLY-TENSOR-HOOKS", "APPLY-FN-ONCE")
 # share of a property's valid examples that drew a host module / a host conversion
 MODULE_FLOOR = 0.05
 CONVERSION_FLOOR = 0.05
@@ -42,28 +47,17 @@ NO_CONVERSION = {
     "FC": "functional_call takes tensors and inputs, no conversion",
     "LOAD": "load_state_dict takes a state dict, no conversion",
     "REGISTER": "registration takes a tensor or module, no conversion",
-    "SEQ": "a sequence's conversions are its palette, its own list of built-ins that keep a "
-           "module trainable; no Conversion field says a host's does",
-    "PARAMETRIZE": "its conversions are a named list that keeps values on the CPU and floating "
-                   "tensors floating (orthogonal's matrix exponential); no Conversion field "
-                   "says a host's does",
 }
 # properties that draw no host material, and why (their strategies' own needs)
 EXCLUDED = {
-    "APPLY-OPTIMIZER": "conversions: only those after which backward still runs on CPU "
-                       "(BACKWARD_SAFE); no Conversion field says a host's does",
-    "APPLY-TENSOR-HOOKS": "conversions: as APPLY-OPTIMIZER",
-    "APPLY-FN-ONCE": "conversions: its own counting fn",
-    "APPLY-ATOMIC": "conversions: value_changing_conversions (a new object with new values for "
-                    "every tensor, which no Conversion field promises)",
-    "APPLY-REFUSED-SWAP": "conversions: its own refusing fn",
     "CHECKPOINT-RNN-FLAT-WEIGHTS": "modules: an RNN catalogue module only",
     "CHECKPOINT-RNN-LEGACY": "modules: an RNN catalogue module only",
     "XLA-*": "an XLA device only",
 }
 
 
-PROPERTIES = {pid for pair in CHOSEN.values() for pid in pair if pid is not None}
+PROPERTIES = {pid for pair in CHOSEN.values() for pid in pair if pid is not None
+              } | set(APPLY_CONVERSIONS)
 
 
 # families left out of the run, and why
@@ -113,7 +107,13 @@ def test_every_family_draws_host_modules(reach, family):
 def test_every_family_that_converts_draws_host_conversions(reach, family):
     cell = reach[CHOSEN[family][1]]
     assert cell["conversions"] / cell["cases"] >= CONVERSION_FLOOR, cell
-    assert "host conversion: planted.quantize" in cell["names"], cell
+    assert any(name.startswith("host conversion: planted.") for name in cell["names"]), cell
+
+
+@pytest.mark.parametrize("pid", APPLY_CONVERSIONS)
+def test_the_apply_properties_about_training_and_failure_draw_host_conversions(reach, pid):
+    cell = reach[pid]
+    assert cell["conversions"] / cell["cases"] >= CONVERSION_FLOOR, cell
 
 
 @pytest.mark.parametrize("family", list(NO_CONVERSION))

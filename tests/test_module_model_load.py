@@ -74,3 +74,18 @@ def test_model_load_predicts_what_each_path_does_to_a_tagged_parameter() -> None
         (False, True): (True, TaggedParameter, True, torch.float32),
         (True, True): (True, torch.nn.Parameter, True, torch.float64),
     }
+
+
+def test_the_class_a_load_predicts_is_the_class_nn_parameter_gives() -> None:
+    """Rule: ``nn.Parameter(value)`` is an ``nn.Parameter`` for a plain tensor or a parameter,
+    and keeps a tensor subclass's own class (flagged ``_is_param``), as a load that assigns or
+    swaps in a quantized weight leaves it."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from swapspec.properties.models.module_model import parameter_class
+    from tests.planted.quantized import QLinear
+
+    plain = torch.ones(2)
+    for value in (plain, torch.nn.Parameter(plain), TwoTensor(plain, plain.clone()),
+                  QLinear().weight.detach()):
+        assert parameter_class(value) is type(torch.nn.Parameter(value)), type(value)

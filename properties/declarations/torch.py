@@ -39,6 +39,7 @@ from swapspec.properties.declarations.torch_apply import (
              swap_ignores_new_hooks_unless_norm_raises,
              swap_refuses_subclass,
              swaps_twice_back,
+             swaps_unseen_before_refused_swap,
              type_checked_by_uninitialized,
 )
 from swapspec.properties.declarations.torch_functional_call import (
@@ -429,6 +430,18 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "held = weakref.ref(m.weight.grad); torch.__future__.set_swap_module_params_on_conversion(True); "
         "m.double() raises RuntimeError, then m.weight.dtype is float64 and m.weight.grad is None",
         id="torch.apply.converts-before-refused-swap"),
+    Deviation(
+        "APPLY-REFUSED-SWAP", swaps_unseen_before_refused_swap, ("cdata-changed",),
+        "_apply swaps each parameter before it swaps the next, so a tensor swap_tensors refuses "
+        "leaves those before it swapped: where fn returned them as they were, only their "
+        "TensorImpl is new, and only sometimes visibly (the allocator may give the new "
+        "TensorImpl the freed one's address). Repro: m = nn.Module(); "
+        "m.a = nn.Parameter(torch.ones(2)); m.b = nn.Parameter(torch.ones(2)); "
+        "c = m.a._cdata; held = weakref.ref(m.b); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m._apply(lambda t: t) raises RuntimeError, then m.a._cdata != c (when the address is "
+        "not reused)",
+        always=False, id="torch.apply.swaps-unseen-before-refused-swap", stale_after=None),
     Deviation(
         ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice,
         ("not-restored", "INV-KINDS"),

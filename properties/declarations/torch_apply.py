@@ -16,6 +16,7 @@ from swapspec.properties.models.apply_state import is_uninitialized
 from swapspec.properties.models.examples import (
     Example,
     holds_values,
+    same_values,
 )
 from swapspec.strategies import tree_info
 
@@ -454,24 +455,51 @@ def commits_before_raising(example: Example) -> bool:
 
 
 def _commit_shows(example: Example, t: Tensor, applied: Any) -> bool:
-    """Whether committing ``fn(t)`` is visible: always for a tensor with values; for a
-    ``meta`` one only as a new object in its slot or new metadata."""
-    if holds_values(t):
+    """Whether committing ``fn(t)`` is visible without reading TensorImpls: a new object in its
+    slot (a parameter on the overwrite path; a buffer or grad ``fn`` returned anew), new
+    metadata, or new values or class (for a tensor that holds values). Where ``fn`` returned
+    ``t`` itself only the overwrite path shows."""
+    overwritten = isinstance(t, nn.Parameter) and torch_path(example, t, applied) == "overwrite"
+    if applied is t:
+        return overwritten
+    replaced = not isinstance(t, nn.Parameter) or overwritten
+    if replaced or (t.dtype, t.shape, t.device) != (applied.dtype, applied.shape, applied.device):
         return True
-    replaced = not isinstance(t, nn.Parameter) or torch_path(example, t, applied) == "overwrite"
-    return replaced or (t.dtype, t.shape, t.device) != (applied.dtype, applied.shape, applied.device)
+    return holds_values(t) and not same_values(t, applied)
 
 
 def converts_before_refused_swap(example: Example) -> bool:
-    """torch converts another tensor before the first swap it cannot make (a refused grad
-    comes right after its own parameter's swap), and ``_apply`` keeps what it converted.
+    """torch converts another tensor visibly (``_commit_shows``) before the first swap it
+    cannot make (a refused grad comes right after its own parameter's swap), and ``_apply``
+    keeps what it converted.
 
     That first refusal is the drawn refused tensor or, when earlier, one an old-style norm
     holds (``old_norm_refusals``): ``weight_g`` comes before ``weight_v``, so with ``weight_v``
     refused torch raises on ``weight_g`` and converts nothing before it."""
+    return any(_commit_shows(example, t, applied) for t, applied in _before_refusal(example))
+
+
+def swaps_unseen_before_refused_swap(example: Example) -> bool:
+    """Before the first swap torch cannot make it swaps parameters whose new TensorImpl is all
+    that changed (``fn`` returned them as they were, or equal): a new ``_cdata``, unless the
+    allocator gives the new TensorImpl the freed one's address."""
+    before = _before_refusal(example)
+    return (not any(_commit_shows(example, t, applied) for t, applied in before)
+            and any(_swapped(example, t, applied) for t, applied in before))
+
+
+def _before_refusal(example: Example) -> list[tuple[Tensor, Any]]:
+    """(tensor, fn's result) for each tensor torch converts before the first refused swap."""
     refused = {id(example.refused_tensor())} | {id(t) for t in old_norm_refusals(example)}
     order = torch_call_order(example)
-    return next(i for i, t in enumerate(order) if id(t) in refused) > 0
+    first = next(i for i, t in enumerate(order) if id(t) in refused)
+    return _results(example, order[:first])
+
+
+def _swapped(example: Example, t: Tensor, applied: Any) -> bool:
+    """A parameter on the swap path: ``swap_tensors`` gives it a new TensorImpl even where
+    ``fn`` returned it as it was."""
+    return isinstance(t, nn.Parameter) and torch_path(example, t, applied) == "swap"
 
 
 def swaps_twice_back(example: Example) -> bool:

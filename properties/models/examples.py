@@ -340,7 +340,8 @@ def same_values(a: Tensor, b: Tensor) -> bool:
     Values compare through the running target's comparison for the class, if it gives one
     (``comparing``); else through torch's ops (``equal``, ``isnan``, ``nan_to_num``); two
     wrapper subclass tensors of one class whose class lacks one of those ops compare by their
-    parts (``__tensor_flatten__``: equal context, same values inner tensor by inner tensor)."""
+    parts (``__tensor_flatten__``: equal context, same values inner tensor by inner tensor), and
+    two tensors of different classes where one lacks them differ (a class change is a change)."""
     if (a.dtype, a.shape, a.device, a.layout) != (b.dtype, b.shape, b.device, b.layout):
         return False
     if not holds_values(a) or not holds_values(b):
@@ -351,6 +352,8 @@ def same_values(a: Tensor, b: Tensor) -> bool:
     try:
         return _same_by_ops(a, b)
     except (NotImplementedError, TypeError):  # what a subclass raises for an op it lacks
+        if type(a) is not type(b) and (is_wrapper(a) or is_wrapper(b)):
+            return False
         if type(a) is not type(b) or not is_wrapper(a):
             raise
     return _same_parts(a, b)

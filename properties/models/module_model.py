@@ -409,7 +409,7 @@ class ModuleModel:
                 return dataclasses.replace(state, value=_copy(value), obj=value)
             if path == "assign":
                 return dataclasses.replace(
-                    state, cls=nn.Parameter, attributes={}, value=_copy(value), obj=None,
+                    state, cls=parameter_class(value), attributes={}, value=_copy(value), obj=None,
                     grad=None, grad_graph=False)
             if path == "copy" or not assign:
                 return dataclasses.replace(state, value=_copy(state.value).copy_(value))
@@ -417,8 +417,8 @@ class ModuleModel:
             if grad is not None and (grad.dtype, grad.device) != (value.dtype, value.device):
                 grad, graph = _copy(grad).to(dtype=value.dtype, device=value.device), False
             return dataclasses.replace(
-                state, cls=nn.Parameter if state.parameter else state.cls, value=_copy(value),
-                grad=grad, grad_graph=graph)
+                state, cls=parameter_class(value) if state.parameter else state.cls,
+                value=_copy(value), grad=grad, grad_graph=graph)
 
     # ---- ties ------------------------------------------------------------------------
 
@@ -466,7 +466,7 @@ class ModuleModel:
         state = self.tensors[self.slots[names[0]]]
         self.tensors.append(TensorState(
             names=names, parameter=state.parameter,
-            cls=nn.Parameter if state.parameter else Tensor, attributes={},
+            cls=parameter_class(state.value) if state.parameter else Tensor, attributes={},
             requires_grad=state.requires_grad if state.parameter else False,
             value=_copy(state.value), values_known=state.values_known))
         self._drop_names(self.slots[names[0]], names)
@@ -538,6 +538,13 @@ def _slot_groups(spec: TreeSpec) -> tuple[tuple[str, ...], ...]:
     for name in named_tensors(built):
         groups.setdefault(slot_of(built, name), []).append(name)
     return tuple(tuple(names) for names in groups.values())
+
+
+def parameter_class(value: Tensor) -> type:
+    """The class ``nn.Parameter(value)`` has: ``nn.Parameter`` for a plain tensor (or a
+    parameter), else ``value``'s own class (a tensor subclass is flagged ``_is_param``, not
+    rewrapped)."""
+    return nn.Parameter if type(value) in (Tensor, nn.Parameter) else type(value)
 
 
 def _copy(t: Tensor) -> Tensor:

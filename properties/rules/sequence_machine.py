@@ -106,8 +106,10 @@ from swapspec.strategies import (
     module_trees,
     tree_info,
 )
+from swapspec.strategies.conversions import among, trainable_on_cpu
 from swapspec.strategies.decorations import OLD_STYLE
 from swapspec.strategies.host_leaves import HostLeaf
+from swapspec.strategies.host_material import host_material
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS
 
 # The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
@@ -149,9 +151,23 @@ def _call_method(target: Any, module: nn.Module, call: Any, flags: Any) -> Any:
                                       **kwargs)
 
 
-palettes = st.lists(st.sampled_from([*(conversion_named(n) for n in SEQUENCE_CONVERSIONS),
-                                     *PUBLIC_FORMS.values()]),
-                    min_size=1, max_size=PALETTE, unique_by=lambda c: c.name)
+PALETTE_CHOICES = (*(conversion_named(n) for n in SEQUENCE_CONVERSIONS), *PUBLIC_FORMS.values())
+_BUILTIN_PALETTES = st.lists(st.sampled_from(PALETTE_CHOICES), min_size=1, max_size=PALETTE,
+                             unique_by=lambda c: c.name)
+
+
+@st.composite
+def _palettes(draw: Any) -> list[Any]:
+    """A palette of the conversions above or, for a target with its own conversions, of those
+    and the target's that keep a module trainable (``Conversion.trainable``), each one chance in
+    two. A target without them draws exactly the built-in palettes."""
+    if host_material().conversions is None:
+        return draw(_BUILTIN_PALETTES)
+    return draw(st.lists(among(PALETTE_CHOICES, host=trainable_on_cpu), min_size=1,
+                         max_size=PALETTE, unique_by=lambda c: c.name))
+
+
+palettes = _palettes()
 
 
 trees = module_trees(max_depth=2, max_leaves=3, lazy=False, catalogue=False, wrappers=())

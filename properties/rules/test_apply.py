@@ -41,7 +41,11 @@ from swapspec.properties.models.examples import (
 )
 from swapspec.properties.rules.clauses import check_path, no_error
 from swapspec.strategies import FlagSetting, flag_settings, module_trees, value_changing_conversions
-from swapspec.strategies.conversions import modules_with_conversions, raising_conversion
+from swapspec.strategies.conversions import (
+    modules_with_conversions,
+    raising_bases,
+    raising_conversion,
+)
 from swapspec.strategies.method_calls import (
     METHOD_CONVERSIONS,
     modules_with_method_calls,
@@ -379,8 +383,8 @@ def test_apply_is_atomic(target, module, flags, data):
     The error that comes out is the very object ``fn`` raised (which tensor fails first
     depends on the conversion order, which the spec leaves open).
 
-    ``fn`` is ``t + 1`` raising on its k-th call, k drawn up to the number of distinct tensors.
-    Origin: swapspec spec (torch converts tensors one by one; a failure halfway leaves a
+    ``fn`` is ``t + 1`` (or one of the target's own conversions) raising on its k-th call, k
+    drawn up to the number of distinct tensors. Origin: swapspec spec (torch converts tensors one by one; a failure halfway leaves a
     half-converted module, e.g. an out-of-memory error during ``model.to('cuda')``).
     """
     n_tensors = len(distinct([*named_tensors(module).values(), *_all_grads(module)]))
@@ -388,7 +392,8 @@ def test_apply_is_atomic(target, module, flags, data):
     # Grads carrying a graph (create_graph=True) make torch assert before fn can raise; they
     # are APPLY-GRADS' business, and this rule is about fn's own error.
     assume(all(g.is_leaf for g in _all_grads(module)))
-    conversion = raising_conversion(data.draw(st.integers(1, n_tensors), label="k"))
+    k = data.draw(st.integers(1, n_tensors), label="k")
+    conversion = raising_conversion(k, data.draw(raising_bases(), label="base"))
     example, check, snap = _setup(target, "APPLY-ATOMIC", module, conversion, flags,
                                   fn_may_raise=True)
     assume(snap.expected_error is not None)
@@ -452,7 +457,7 @@ def _same_value_code(name: str, value) -> str:
 @spec_property("APPLY-REFUSED-SWAP")
 @given(module=module_trees(wrappers=WRAPPERS, lazy=False, needs=("leaf-grads",),
                             world_chance=WORLD_CHANCE),
-       conversion=value_changing_conversions(), flags=flag_settings(), data=st.data())
+       conversion=value_changing_conversions(hosted=True), flags=flag_settings(), data=st.data())
 def test_apply_refused_swap_changes_nothing(target, module, conversion, flags, data):
     """If a parameter or grad on the swap path cannot be swapped, apply raises ``RuntimeError``
     and the module is left exactly as it was: same objects, values and TensorImpls.
@@ -460,7 +465,7 @@ def test_apply_refused_swap_changes_nothing(target, module, conversion, flags, d
     A weak reference makes ``torch.utils.swap_tensors`` refuse a tensor (``torch.compile``'s
     guards hold such references); the refused tensor is drawn among those the swap path
     replaces. ``fn`` is ``add(1)``, optionally wrapping matrices in ``TwoTensor`` so one call
-    mixes paths. Origin: swapspec spec (pytorch #113000 added the swap path; torch commits
+    mixes paths, or one of the target's own conversions. Origin: swapspec spec (pytorch #113000 added the swap path; torch commits
     tensor by tensor, so those before the refused one stay converted).
     """
     snap = snapshot_for_apply(module, conversion.make_fn)

@@ -36,7 +36,7 @@ from swapspec.strategies import (
     forward_inputs,
     module_trees,
 )
-from swapspec.strategies.conversions import CONVERSIONS
+from swapspec.strategies.conversions import CONVERSIONS, among, trainable_on_cpu
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS, method_conversions
 from swapspec.strategies.trees import WRAPPERS
 
@@ -59,7 +59,9 @@ BACKWARD_SAFE_METHODS = ("module.float()", "module.double()", "module.half()",
                          "module.to(torch.empty(0, dtype=torch.float64))",
                          "module.to_empty(device='cpu')",
                          "module.to(memory_format=torch.channels_last)")
-backward_apply_conversions = st.sampled_from([c for c in CONVERSIONS if c.name in BACKWARD_SAFE])
+# ... and the running target's own conversions that say they keep a module trainable.
+backward_apply_conversions = among([c for c in CONVERSIONS if c.name in BACKWARD_SAFE],
+                                   host=trainable_on_cpu)
 backward_conversions = st.one_of(
     backward_apply_conversions,
     st.sampled_from([c for c in METHOD_CONVERSIONS if c.name in BACKWARD_SAFE_METHODS]))
@@ -82,7 +84,7 @@ def _earlier_lines(flags, earlier) -> list[str]:
     """Repro lines that run the earlier conversions the way the example did."""
     lines = []
     for i, conversion in enumerate(earlier):
-        lines += [f"fn{i} = {conversion.repro}",
+        lines += [*conversion.imports.splitlines(), f"fn{i} = {conversion.repro}",
                   f"target_apply(module, fn{i}, overwrite={flags.overwrite}, swap={flags.swap})"]
     return lines
 

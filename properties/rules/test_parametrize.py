@@ -46,7 +46,7 @@ from swapspec.properties.models.parametrize_state import (
 )
 from swapspec.properties.rules.clauses import check_untouched, no_error
 from swapspec.strategies import flag_settings, module_trees
-from swapspec.strategies.conversions import modules_with_conversions
+from swapspec.strategies.conversions import modules_with_conversions, trainable_on_cpu
 from swapspec.strategies.parametrizations import (
     BAD_WORDS,
     MISSING_NAME,
@@ -62,16 +62,23 @@ from swapspec.strategies.parametrizations import (
 DECORATIONS = ("tensor-hooks", "module-hooks", "weight_norm", "orthogonal", "custom",
                "custom-inverse")
 # Conversions that keep values on the CPU and leave floating tensors floating (half and bfloat16
-# have no CPU kernels for orthogonal's matrix exponential; complex values have no order).
+# have no CPU kernels for orthogonal's matrix exponential; complex values have no order), and
+# the target's own that say so (``Conversion.trainable``: same dtype, dense, on the CPU).
 CONVERSIONS = ("float()", "double()", "to(torch.float64)", "cpu()", "share_memory()",
                "to(memory_format=torch.channels_last)", "add(1)", "TwoTensor")
+
+
+def _parametrizable(conversion) -> bool:
+    return conversion.name in CONVERSIONS or trainable_on_cpu(conversion)
+
+
 TREE_OPTIONS = {"lazy": False, "needs": ("parametrizable", "leaf-grads"), "wrappers": (),
                 "decoration_kinds": DECORATIONS, "catalogue": False, "behaviours": ()}
 converted = modules_with_conversions(module_trees(**TREE_OPTIONS), ["cpu"],
-                                     where=lambda c: c.name in CONVERSIONS)
+                                     where=_parametrizable)
 # No shared submodule: a call naming one slot twice is FC-RESTORE's subject (SHARED_SLOT).
 converted_unshared = modules_with_conversions(module_trees(**TREE_OPTIONS, sharing=False), ["cpu"],
-                                              where=lambda c: c.name in CONVERSIONS)
+                                              where=_parametrizable)
 
 
 # The share of the profile's max_examples each property runs (at least one): an example builds,

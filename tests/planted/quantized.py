@@ -1,6 +1,7 @@
 """A quantized-weight library in miniature, for swapspec's own tests: ``QTensor``, a wrapper tensor
 subclass that implements only the ops its Linear forward needs, ``QLinear`` (a Linear whose weight
-is one), ``quantize`` (a per-tensor conversion) and a target that reuses torch's built-in one.
+is one), ``quantize`` (a per-tensor conversion), ``fake_quantize`` (a per-tensor conversion that
+keeps a module trainable) and a target that reuses torch's built-in one.
 
 ``QTensor`` holds ``qdata`` (int8) and ``scale`` (one per row) and stands for ``qdata * scale``.
 It is a traceable wrapper subclass (``__tensor_flatten__``/``__tensor_unflatten__``) whose
@@ -120,6 +121,16 @@ def quantize(t: Tensor, cls: type = QTensor) -> Tensor:
     return nn.Parameter(q, requires_grad=False) if isinstance(t, nn.Parameter) else q
 
 
+def fake_quantize(t: Tensor) -> Tensor:
+    """A floating tensor rounded to 255 levels of its own range (symmetric, per tensor), as
+    quantization-aware training does: a plain tensor of the input's dtype, device and shape, so
+    a module keeps training. Anything else, and a ``QTensor``, as it is."""
+    if not t.is_floating_point() or isinstance(t, OpaqueQTensor) or t.numel() == 0:
+        return t
+    scale = (t.detach().abs().amax() / 127).clamp(min=1e-8)
+    return torch.round(t / scale).clamp(-127, 127) * scale
+
+
 class QLinear(nn.Module):
     """``x @ weight.T + bias`` with a quantized weight (4 features in, 4 out), seeded."""
 
@@ -144,12 +155,15 @@ class OpaqueQLinear(QLinear):
 
 QUANTIZE = Conversion("planted.quantize", "lambda t: quantize(t)",
                       imports="from tests.planted.quantized import quantize")
+FAKE_QUANTIZE = Conversion("planted.fake_quantize", "lambda t: fake_quantize(t)", trainable=True,
+                           imports="from tests.planted.quantized import fake_quantize")
 Q_LINEARS = st.sampled_from([HostModule(f"planted.QLinear(seed={s})",
                                         partial(QLinear, seed=s))
                              for s in range(2)])
 
 target = dataclasses.replace(builtin_target("torch"), name="quantized",
-                             modules=Q_LINEARS, conversions=st.just(QUANTIZE))
+                             modules=Q_LINEARS,
+                             conversions=st.sampled_from([QUANTIZE, FAKE_QUANTIZE]))
 
 # torch's target drawing a module whose weight the suite cannot copy or compare: a run of it
 # shows harness errors (no verdict), never the target's FAIL.

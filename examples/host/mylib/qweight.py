@@ -135,6 +135,25 @@ def quantize(t: Tensor) -> Tensor:
     return nn.Parameter(q, requires_grad=False) if isinstance(t, nn.Parameter) else q
 
 
+def qdq_convertible(t: Tensor) -> bool:
+    """An initialized plain floating tensor with finite values (not on meta, not empty): what
+    ``quantize_dequantize`` converts."""
+    return (type(t).__torch_dispatch__ is Tensor.__torch_dispatch__
+            and not isinstance(t, nn.parameter.UninitializedTensorMixin)
+            and t.device.type != "meta" and t.is_floating_point() and t.numel() > 0
+            and bool(torch.isfinite(t).all()))
+
+
+def quantize_dequantize(t: Tensor) -> Tensor:
+    """A tensor's values rounded to 255 levels of its own range (symmetric, per tensor), as
+    quantization-aware training sees them: a plain tensor of the input's dtype, device and
+    shape, so the module keeps training. Anything ``qdq_convertible`` refuses as it is."""
+    if not qdq_convertible(t):
+        return t
+    scale = (t.detach().abs().amax() / 127).clamp(min=1e-8)
+    return torch.round(t / scale).clamp(-127, 127) * scale
+
+
 def _linear_weights(module: nn.Module) -> list[tuple[nn.Module, Tensor]]:
     """``(linear, weight)`` for every ``nn.Linear`` (exactly) whose weight is quantizable."""
     return [(m, m._parameters["weight"]) for m in module.modules()

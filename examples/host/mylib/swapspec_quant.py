@@ -1,7 +1,8 @@
 """``--swapspec-target=mylib.swapspec_quant:target``: torch's own ``apply`` (and functional
 call, load_state_dict and methods, with all of torch's declarations: ``builtin_target``) drawing
 mylib's quantized material: ``QLinear`` (a layer whose weight is a ``QWeight``), ``quantize``
-(a per-tensor conversion) and ``quantize_`` (a module conversion), each with its contract."""
+(a per-tensor conversion), ``quantize_dequantize`` (a per-tensor conversion that keeps a
+module trainable: ``trainable=True``) and ``quantize_`` (a module conversion), each with its contract."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from mylib.qweight import (
     TinyMLP,
     dequantize,
     linear_weight_names,
+    qdq_convertible,
     quantizable,
     refused,
 )
@@ -37,6 +39,11 @@ QUANTIZED = Contract("a QWeight of the input's dtype and device, values within h
                      dequantize=dequantize, raises=refused)
 QUANTIZE = Conversion("mylib.quantize", "lambda t: quantize(t)",
                       imports="from mylib.qweight import quantize", contract=QUANTIZED)
+QDQ = Contract("a plain tensor of the input's dtype, device and shape, values within half a "
+               "grid step", converts=qdq_convertible, atol=half_a_step)
+QUANTIZE_DEQUANTIZE = Conversion("mylib.quantize_dequantize", "lambda t: quantize_dequantize(t)",
+                                 imports="from mylib.qweight import quantize_dequantize",
+                                 contract=QDQ, trainable=True)
 QUANTIZE_ = ModuleConversion("mylib.quantize_", "lambda m: quantize_(m)", QUANTIZED,
                              imports="from mylib.qweight import quantize_", rebinds=True,
                              refuse="lambda t: t.fill_(float('nan'))",
@@ -48,5 +55,5 @@ Q_LINEARS = st.sampled_from([
 ])
 
 target = dataclasses.replace(builtin_target("torch"), name="mylib-quant", modules=Q_LINEARS,
-                             conversions=st.just(QUANTIZE),
+                             conversions=st.sampled_from([QUANTIZE, QUANTIZE_DEQUANTIZE]),
                              module_conversions=st.just(QUANTIZE_))

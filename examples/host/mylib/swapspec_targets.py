@@ -32,7 +32,7 @@ MERGES_OVERLAPS = Deviation(
 )
 
 FAKE_QUANTIZE = Conversion("mylib.fake_quantize", "lambda t: fake_quantize(t)",
-                           imports="from mylib import fake_quantize")
+                           imports="from mylib import fake_quantize", trainable=True)
 GATES = st.integers(0, 3).map(
     lambda seed: HostModule(f"mylib.Gate(seed={seed})", partial(mylib.Gate, seed=seed)))
 
