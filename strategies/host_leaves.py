@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from swapspec.strategies.torch_modules import seeded
+
 
 def _as_args(x: Tensor) -> tuple[Tensor]:
     return (x,)
@@ -101,6 +103,11 @@ def registered(entry: str) -> HostModule:
 
 
 def build_leaf(entry: str) -> HostLeaf:
-    """A fresh :class:`HostLeaf` for the registered module ``entry``."""
+    """A fresh :class:`HostLeaf` for the registered module ``entry``, built with torch's and
+    Python's global RNGs seeded with 0 and restored after (``seeded``): a host's constructor may
+    draw from them (``nn.Linear``'s initialization does), so a build gives the same values every
+    time and drawing a tree changes no global state."""
     host = registered(entry)
-    return HostLeaf(entry, host.build(), host.inputs)
+    with seeded(0):
+        module = host.build()
+    return HostLeaf(entry, module, host.inputs)

@@ -748,3 +748,29 @@ def test_a_norm_layer_fills_in_its_missing_batch_count_unless_the_metadata_is_ve
     del versioned["1.num_batches_tracked"]
     assert norm_defaults(module, versioned) == []  # version 2 metadata: torch leaves it missing
     assert norm_defaults(module, {"1.num_batches_tracked": torch.tensor(3)}) == []
+
+
+def test_a_refused_grad_leaves_its_parameter_without_grad_whatever_fn_returns():
+    """torch sets a parameter's grad to None before it swaps the grad; a refused grad swap
+    leaves it None even where ``fn`` (``cpu()``) returns every tensor as it was."""
+    import weakref
+
+    from swapspec.properties.declarations.torch_apply import converts_before_refused_swap
+    from swapspec.properties.models.apply_state import conversion_named
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+
+    def with_grad() -> torch.nn.Module:
+        module = _two_parameters()
+        module.a.grad = torch.ones(2)
+        return module
+
+    conversion = conversion_named("cpu()")
+    example = Example(with_grad(), conversion=conversion,
+                      flags=FlagSetting(overwrite=False, swap=True), refused="a.grad")
+    module = with_grad()
+    held = weakref.ref(module.a.grad)
+    with torch_swap_flag_set(), pytest.raises(RuntimeError):
+        module._apply(conversion.make_fn())
+    del held
+    assert module.a.grad is None and converts_before_refused_swap(example)

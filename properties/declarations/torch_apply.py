@@ -476,7 +476,8 @@ def converts_before_refused_swap(example: Example) -> bool:
     That first refusal is the drawn refused tensor or, when earlier, one an old-style norm
     holds (``old_norm_refusals``): ``weight_g`` comes before ``weight_v``, so with ``weight_v``
     refused torch raises on ``weight_g`` and converts nothing before it."""
-    return any(_commit_shows(example, t, applied) for t, applied in _before_refusal(example))
+    return _grad_refused_first(example) or any(
+        _commit_shows(example, t, applied) for t, applied in _before_refusal(example))
 
 
 def swaps_unseen_before_refused_swap(example: Example) -> bool:
@@ -484,8 +485,18 @@ def swaps_unseen_before_refused_swap(example: Example) -> bool:
     that changed (``fn`` returned them as they were, or equal): a new ``_cdata``, unless the
     allocator gives the new TensorImpl the freed one's address."""
     before = _before_refusal(example)
-    return (not any(_commit_shows(example, t, applied) for t, applied in before)
+    return (not converts_before_refused_swap(example)
             and any(_swapped(example, t, applied) for t, applied in before))
+
+
+def _grad_refused_first(example: Example) -> bool:
+    """The first refused swap is the drawn grad's: torch set its parameter's grad to None
+    before it tried, and leaves it so (whatever ``fn`` returned)."""
+    refused = example.refused_tensor()
+    order = torch_call_order(example)
+    first = next(t for t in order if id(t) in {id(refused)} | {
+        id(r) for r in old_norm_refusals(example)})
+    return example.refused.endswith(".grad") and first is refused
 
 
 def _before_refusal(example: Example) -> list[tuple[Tensor, Any]]:

@@ -7,7 +7,9 @@ implements only the ops its forward and the operations users call on its modules
 ``detach`` and ``alias`` (``nn.Parameter``, ``state_dict``), ``t`` (the dequantized transpose,
 so ``F.linear`` runs on plain tensors), ``_to_copy`` (``module.half()``, ``module.to(...)``: a
 new dtype for the scale, a new device for both), ``empty_like`` (``module.to_empty``) and
-``copy_`` (``load_state_dict``). Not ``equal``, ``clone``, ``isnan`` or ``tolist``.
+``copy_`` (``load_state_dict``), and ``copy.deepcopy`` by its parts. Not ``equal``, ``clone``,
+``isnan`` or ``tolist``. ``quantize_dequantize`` rounds a plain tensor to its own grid and
+keeps it plain (a conversion that keeps a module trainable).
 
 Quantization is symmetric, per row: ``scale = amax(|row|) / 127``, ``qdata = round(w / scale)``,
 so each value comes back within half a scale step. Non-finite values are refused
@@ -23,6 +25,7 @@ own, ``not-atomic`` quantizes weight by weight and raises half-way, ``scale-dtyp
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -50,6 +53,17 @@ class QWeight(Tensor):
 
     def __repr__(self) -> str:
         return f"QWeight(qdata={self.qdata!r}, scale={self.scale!r})"
+
+    def __deepcopy__(self, memo: dict) -> QWeight:
+        """A copy of its parts, a parameter staying one (``copy.deepcopy`` of a quantized
+        model, ``torch.save``'s checkpoints of it)."""
+        if id(self) in memo:
+            return memo[id(self)]
+        out = QWeight(copy.deepcopy(self.qdata, memo), copy.deepcopy(self.scale, memo))
+        if getattr(self, "_is_param", False):
+            out = nn.Parameter(out, requires_grad=self.requires_grad)
+        memo[id(self)] = out
+        return out
 
     def __tensor_flatten__(self) -> tuple[list[str], None]:
         return ["qdata", "scale"], None
