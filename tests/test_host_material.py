@@ -163,3 +163,22 @@ def test_the_plugin_runs_a_target_with_its_material():
         assert host_material().conversions is target.conversions
     assert plugged.CURRENT.get() is None and not host_material()
     assert all(c.name != QUANTIZE.name for c in CONVERSIONS)
+
+
+def test_a_host_module_drawing_from_the_global_rng_builds_alike_and_leaks_nothing():
+    """A host constructor that draws from torch's global RNG (``nn.Linear``'s initialization)
+    builds the same values every time, and building it leaves the RNG as it was."""
+    import random
+
+    from torch import nn
+
+    from swapspec.strategies.host_leaves import build_leaf, register
+
+    entry = register(HostModule("test.GlobalRngLinear", partial(nn.Linear, 3, 2)))
+    torch.manual_seed(1234)
+    random.seed(5)
+    state, py_state = torch.get_rng_state(), random.getstate()
+    first, second = build_leaf(entry), build_leaf(entry)
+    assert torch.equal(torch.get_rng_state(), state) and random.getstate() == py_state
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters(),
+                                                   strict=True))
