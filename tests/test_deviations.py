@@ -774,3 +774,27 @@ def test_a_refused_grad_leaves_its_parameter_without_grad_whatever_fn_returns():
         module._apply(conversion.make_fn())
     del held
     assert module.a.grad is None and converts_before_refused_swap(example)
+
+
+def test_a_raise_on_a_swapped_parameters_grad_leaves_that_grad_none():
+    """On the swap path torch clears a parameter's grad before converting it: ``fn`` raising on
+    the grad (call 2, after a parameter it returned as it was) leaves the grad None."""
+    from swapspec.properties.declarations.torch_apply import commits_before_raising
+    from swapspec.properties.models.apply_state import conversion_named
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import raising_conversion
+
+    def with_grad() -> torch.nn.Module:
+        module = torch.nn.Module()
+        module.a = torch.nn.Parameter(torch.ones(2))
+        module.a.grad = torch.ones(2)
+        return module
+
+    over_cpu = raising_conversion(2, conversion_named("cpu()"))
+    example = Example(with_grad(), conversion=over_cpu,
+                      flags=FlagSetting(overwrite=False, swap=True))
+    module = with_grad()
+    with torch_swap_flag_set(), pytest.raises(RuntimeError, match="raise_on"):
+        module._apply(over_cpu.make_fn())
+    assert module.a.grad is None and commits_before_raising(example)

@@ -443,15 +443,28 @@ def commits_before_raising(example: Example) -> bool:
 
     ``raise_on(k)`` raises on call k, and ``t + 1`` raises at once on an uninitialized
     parameter; ``_apply`` commits each tensor right after its call, and raises its own error
-    right after the call on a tensor ``swap_tensors`` refuses (``old_norm_refusals``).
+    right after the call on a tensor ``swap_tensors`` refuses (``old_norm_refusals``). A raise
+    on a grad whose parameter was swapped shows too: that grad is left None.
     """
     k = example.conversion.raises_on
     order = torch_call_order(example)
     refused = {id(t) for t in old_norm_refusals(example)}
     first_failure = next((i for i, t in enumerate(order)
                           if is_uninitialized(t) or id(t) in refused), len(order))
-    committed = order[:min(k - 1, first_failure)]
-    return any(_commit_shows(example, t, applied) for t, applied in _results(example, committed))
+    committed = _results(example, order[:min(k - 1, first_failure)])
+    return (k - 1 < first_failure and _raises_on_swapped_grad(example, order, committed, k - 1)
+            or any(_commit_shows(example, t, applied) for t, applied in committed))
+
+
+def _raises_on_swapped_grad(example: Example, order: list[Tensor],
+                            committed: list[tuple[Tensor, Any]], index: int) -> bool:
+    """``fn`` raises on a grad (call ``index``) whose parameter took the swap path: torch set
+    the parameter's grad to None before converting it, and leaves it so."""
+    if not 0 < index < len(order) or len(committed) < index:
+        return False
+    param, applied = committed[index - 1]
+    return (isinstance(param, nn.Parameter) and param.grad is order[index]
+            and torch_path(example, param, applied) == "swap")
 
 
 def _commit_shows(example: Example, t: Tensor, applied: Any) -> bool:
