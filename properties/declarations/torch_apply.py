@@ -88,8 +88,7 @@ def swap_refuses_subclass(example: Example) -> bool:
     Both paths wrap the result as ``Parameter(fn(p))``, which refuses an instance of a
     ``Parameter`` subclass, so ``_apply`` raises.
     """
-    return any(issubclass(type(p), nn.Parameter) and type(p) is not nn.Parameter and applied is p
-               and torch_path(example, p, applied) != "set_data"
+    return any(_subclass_refused(example, p, applied)
                for p, applied in _results(example, _params(example)))
 
 
@@ -452,8 +451,8 @@ def commits_before_raising(example: Example) -> bool:
     first_failure = next((i for i, t in enumerate(order)
                           if is_uninitialized(t) or id(t) in refused), len(order))
     committed = _results(example, order[:min(k - 1, first_failure)])
-    return (k - 1 < first_failure and _raises_on_swapped_grad(example, order, committed, k - 1)
-            or any(_commit_shows(example, t, applied) for t, applied in committed))
+    return ((k - 1 < first_failure and _raises_on_swapped_grad(example, order, committed, k - 1))
+            or _any_commit_shows(example, committed))
 
 
 def _raises_on_swapped_grad(example: Example, order: list[Tensor],
@@ -467,18 +466,38 @@ def _raises_on_swapped_grad(example: Example, order: list[Tensor],
             and torch_path(example, param, applied) == "swap")
 
 
-def _commit_shows(example: Example, t: Tensor, applied: Any) -> bool:
+def _commit_shows(example: Example, t: Tensor, applied: Any,
+                  param_path: str | None = None) -> bool:
     """Whether committing ``fn(t)`` is visible without reading TensorImpls: a new object in its
-    slot (a parameter on the overwrite path; a buffer or grad ``fn`` returned anew), new
-    metadata, or new values or class (for a tensor that holds values). Where ``fn`` returned
-    ``t`` itself only the overwrite path shows."""
-    overwritten = isinstance(t, nn.Parameter) and torch_path(example, t, applied) == "overwrite"
+    slot, new metadata, or new values or class (for a tensor that holds values). Where ``fn``
+    returned ``t`` itself only the overwrite path shows. A grad (``param_path``: its
+    parameter's path) keeps its object on its parameter's swap path and where ``set_data``
+    takes it; a buffer is always rebound; a parameter is replaced on the overwrite path."""
+    if param_path is not None:  # a grad
+        kept = param_path == "swap" or (torch._has_compatible_shallow_copy_type(t, applied)
+                                        and not example.flags.overwrite)
+        replaced = not kept
+    else:
+        replaced = (not isinstance(t, nn.Parameter)
+                    or torch_path(example, t, applied) == "overwrite")
     if applied is t:
-        return overwritten
-    replaced = not isinstance(t, nn.Parameter) or overwritten
+        return replaced and isinstance(t, nn.Parameter)
     if replaced or (t.dtype, t.shape, t.device) != (applied.dtype, applied.shape, applied.device):
         return True
     return holds_values(t) and not same_values(t, applied)
+
+
+def _any_commit_shows(example: Example, committed: list[tuple[Tensor, Any]]) -> bool:
+    """Whether any of ``committed`` (torch's call order, a grad right after its parameter)
+    shows (``_commit_shows``)."""
+    for i, (t, applied) in enumerate(committed):
+        before = committed[i - 1] if i else None
+        is_grad = (before is not None and isinstance(before[0], nn.Parameter)
+                   and before[0].grad is t)
+        path = torch_path(example, *before) if is_grad else None
+        if _commit_shows(example, t, applied, path):
+            return True
+    return False
 
 
 def converts_before_refused_swap(example: Example) -> bool:
@@ -489,8 +508,8 @@ def converts_before_refused_swap(example: Example) -> bool:
     That first refusal is the drawn refused tensor or, when earlier, one an old-style norm
     holds (``old_norm_refusals``): ``weight_g`` comes before ``weight_v``, so with ``weight_v``
     refused torch raises on ``weight_g`` and converts nothing before it."""
-    return _grad_refused_first(example) or any(
-        _commit_shows(example, t, applied) for t, applied in _before_refusal(example))
+    return ((_grad_refused_first(example) and _reaches_refusal(example))
+            or _any_commit_shows(example, _before_refusal(example)))
 
 
 def swaps_unseen_before_refused_swap(example: Example) -> bool:
@@ -513,11 +532,32 @@ def _grad_refused_first(example: Example) -> bool:
 
 
 def _before_refusal(example: Example) -> list[tuple[Tensor, Any]]:
-    """(tensor, fn's result) for each tensor torch converts before the first refused swap."""
+    """(tensor, fn's result) for each tensor torch converts before the first refused swap, or
+    before a ``Parameter`` subclass ``fn`` returns unchanged off the set_data path (where
+    ``Parameter()`` refuses it first: ``swap_refuses_subclass``)."""
     refused = {id(example.refused_tensor())} | {id(t) for t in old_norm_refusals(example)}
     order = torch_call_order(example)
     first = next(i for i, t in enumerate(order) if id(t) in refused)
-    return _results(example, order[:first])
+    results = _results(example, order[:first])
+    cut = next((i for i, (t, applied) in enumerate(results)
+                if _subclass_refused(example, t, applied)), len(results))
+    return results[:cut]
+
+
+def _reaches_refusal(example: Example) -> bool:
+    """Whether torch gets to the first refused swap: ``fn`` returns on every tensor before it,
+    and no ``Parameter`` subclass refusal comes first."""
+    refused = {id(example.refused_tensor())} | {id(t) for t in old_norm_refusals(example)}
+    order = torch_call_order(example)
+    first = next(i for i, t in enumerate(order) if id(t) in refused)
+    return len(_before_refusal(example)) == first
+
+
+def _subclass_refused(example: Example, p: Tensor, applied: Any) -> bool:
+    """A ``Parameter`` subclass ``fn`` returned unchanged, off the set_data path: torch's
+    ``Parameter(fn(p))`` refuses it and ``_apply`` raises there."""
+    return (issubclass(type(p), nn.Parameter) and type(p) is not nn.Parameter and applied is p
+            and torch_path(example, p, applied) != "set_data")
 
 
 def _swapped(example: Example, t: Tensor, applied: Any) -> bool:

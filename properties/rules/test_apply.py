@@ -13,6 +13,7 @@ from functools import partial
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.harness.checker import Checker
@@ -393,7 +394,11 @@ def test_apply_is_atomic(target, module, flags, data):
     # are APPLY-GRADS' business, and this rule is about fn's own error.
     assume(all(g.is_leaf for g in _all_grads(module)))
     k = data.draw(st.integers(1, n_tensors), label="k")
-    conversion = raising_conversion(k, data.draw(raising_bases(), label="base"))
+    # A host conversion may return a Parameter subclass (an uninitialized or tagged one) as it
+    # is, which the swap and overwrite paths refuse with their own error before fn's:
+    # ``swap-refuses-subclass``, the other APPLY properties' business. Such trees raise at t + 1.
+    base = None if _holds_parameter_subclass(module) else data.draw(raising_bases(), label="base")
+    conversion = raising_conversion(k, base)
     example, check, snap = _setup(target, "APPLY-ATOMIC", module, conversion, flags,
                                   fn_may_raise=True)
     assume(snap.expected_error is not None)
@@ -413,6 +418,11 @@ def test_apply_is_atomic(target, module, flags, data):
                f"{type(outcome.error).__name__ if outcome.error else 'no error'}, not fn's error")
     _check_untouched(check, module, snap, values, grad_values)
     _verdict(check, example, target)
+
+
+def _holds_parameter_subclass(module) -> bool:
+    return any(type(p) is not nn.Parameter and issubclass(type(p), nn.Parameter)
+               for p in module.parameters())
 
 
 def _all_grads(module):
