@@ -739,7 +739,7 @@ def test_a_norm_layer_fills_in_its_missing_batch_count_unless_the_metadata_is_ve
     buffer itself where the state dict's metadata gives no version 2 (a plain dict)."""
     from torch import nn
 
-    from swapspec.properties.declarations.torch_load_failures import norm_defaults
+    from swapspec.properties.models.load_examples import norm_defaults
 
     module = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), nn.BatchNorm1d(2, track_running_stats=False))
     [(key, slot, value)] = norm_defaults(module, {})

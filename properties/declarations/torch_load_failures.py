@@ -20,6 +20,7 @@ from swapspec.properties.models.load_examples import (
     equal_values,
     fits,
     key_model,
+    norm_defaults,
 )
 
 
@@ -35,25 +36,6 @@ def torch_writes(example: Any) -> list[tuple[str, Tensor, Any]]:
     return [*((k, own[k], v) for k, v in given.items()
               if isinstance(own.get(k), Tensor) and fits(own[k], v)),
             *norm_defaults(example.module, given)]
-
-
-def norm_defaults(module: nn.Module, given: Any) -> list[tuple[str, Tensor, Tensor]]:
-    """What a norm layer that tracks running stats writes when its ``num_batches_tracked`` key
-    is missing and the state dict's metadata gives it no version 2 or later
-    (``_NormBase._load_from_state_dict``): the buffer itself (a fresh ``tensor(0)`` on meta), a
-    write that on the swap path replaces its TensorImpl even when the load then fails."""
-    metadata = getattr(given, "_metadata", None) or {}
-    writes = []
-    for path, m in module.named_modules(remove_duplicate=False):
-        tracked = getattr(m, "num_batches_tracked", None)
-        if not isinstance(m, nn.modules.batchnorm._NormBase) or not isinstance(tracked, Tensor):
-            continue
-        key = f"{path}.num_batches_tracked" if path else "num_batches_tracked"
-        version = metadata.get(path, {}).get("version")
-        if m.track_running_stats and (version is None or version < 2) and key not in given:
-            value = tracked if tracked.device.type != "meta" else torch.tensor(0, dtype=torch.long)
-            writes.append((key, tracked, value))
-    return writes
 
 
 def torch_refused(example: Any) -> set[int]:
