@@ -113,6 +113,25 @@ def test_the_code_state_is_the_last_commit_of_code_and_unknown_outside_git(tmp_p
     assert soak.code_state(tmp_path) == code_commit + "+dirty"
 
 
+def test_the_code_state_of_a_builtin_target_ignores_what_its_runs_never_load(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "."), _git(tmp_path, "commit", "-qm", "code")
+    code_commit = _git(tmp_path, "rev-parse", "HEAD")
+    for folder in ("tests", "examples", ".ci", ".mutation", "docs"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "helper.py").write_text("y = 1\n")
+    _git(tmp_path, "add", "."), _git(tmp_path, "commit", "-qm", "own tests and tooling")
+    tooling_commit = _git(tmp_path, "rev-parse", "HEAD")
+    assert soak.code_state(tmp_path, "reference,torch") == code_commit, \
+        "a built-in target's run never loads tests/, examples/, .ci/, .mutation/ or docs/"
+    assert soak.code_state(tmp_path, "tests.zoo.old_set_data:target") == tooling_commit, \
+        "a host target may live in tests/ or examples/: their commits change its state"
+    (tmp_path / "tests" / "helper.py").write_text("y = 2\n")
+    assert soak.code_state(tmp_path, "torch") == code_commit
+    assert soak.code_state(tmp_path, "mylib.swapspec_targets:target") == tooling_commit + "+dirty"
+
+
 def test_filter_rates_sum_every_test_of_a_pair_and_skip_reports_without_counts():
     results = [
         {"property": "P", "target": "t",

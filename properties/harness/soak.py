@@ -56,24 +56,36 @@ class Run:
     code: str = "unknown"  # the state of the code it ran (``code_state``)
 
 
-CODE = (".", ":(exclude)*.md")  # git pathspecs of the code: every tracked file but Markdown
+NEVER_LOADED = (":(exclude)*.md", ":(exclude)docs", ":(exclude).ci", ":(exclude).mutation")
+HOST_ONLY = (":(exclude)tests", ":(exclude)examples")  # loaded by a run only through a host target
 
 
-def code_state(checkout: Path = PROPERTIES_DIR.parent) -> str:
-    """The state of the code a run tests: the last commit of the checkout that changed a file
-    other than a Markdown document, with ``+dirty`` when such a file differs from HEAD;
-    ``unknown`` outside a git checkout (an installed wheel). Runs of one state can be counted
-    together, whatever documents were committed between them."""
+def code_pathspecs(target: str) -> tuple[str, ...]:
+    """git pathspecs of the code a run of ``target`` can load: every tracked file but documents,
+    CI scripts and the mutation tooling, and, when every target named is a built-in one, but the
+    project's own tests and the example host too (a built-in target's run imports neither)."""
+    from swapspec.properties.harness.targets import BUILTIN_NAMES
+
+    builtin = all(name.strip() in BUILTIN_NAMES for name in target.split(","))
+    return (".", *NEVER_LOADED, *(HOST_ONLY if builtin else ()))
+
+
+def code_state(checkout: Path = PROPERTIES_DIR.parent, target: str = "reference") -> str:
+    """The state of the code a run of ``target`` tests: the last commit of the checkout that
+    changed a file such a run can load (``code_pathspecs``), with ``+dirty`` when such a file
+    differs from HEAD; ``unknown`` outside a git checkout (an installed wheel). Runs of one
+    state can be counted together, whatever else was committed between them."""
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
 
+    code = code_pathspecs(target)
     try:
-        last = git("log", "-1", "--format=%H", "--", *CODE)
+        last = git("log", "-1", "--format=%H", "--", *code)
     except OSError:  # no git on this machine
         return "unknown"
     if last.returncode != 0 or not last.stdout.strip():
         return "unknown"
-    dirty = git("diff", "--quiet", "HEAD", "--", *CODE).returncode != 0
+    dirty = git("diff", "--quiet", "HEAD", "--", *code).returncode != 0
     return last.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -203,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)
-    runs, code = [], code_state()
+    runs, code = [], code_state(target=args.target)
     print(f"soak: code {code}", flush=True)
     for index in range(args.runs):
         run = soak_once(index, args.target, extra, args.timeout, args.profile, code)
