@@ -14,10 +14,12 @@ from swapspec.properties.models.call_state import (
     copy_outcome,
     loaded_copy,
     module_state,
+    raised_as_a_fresh_build_does,
     replaced_originals,
 )
 from swapspec.properties.models.examples import named_tensors, same_values
 from swapspec.properties.models.oracle import expand
+from swapspec.properties.models.outcomes import attempt
 from swapspec.strategies import CallInput, build_tree
 from swapspec.strategies.trees import (
     ContainerSpec,
@@ -312,3 +314,16 @@ def test_fc_gradients_examples_carry_the_call_the_target_receives(form):
     assert given["bias"].requires_grad and given["bias"] is not value
     assert (call.form, type(call.tensors)) == (("dict", dict) if form == "dict"
                                                 else ("tuple-single", tuple))
+
+
+def test_a_call_raising_what_a_fresh_build_raises_is_excused_and_no_other_error_is():
+    module, x = meta_transformer_encoder(), torch.zeros(2, 4, device="meta")
+    raised = attempt(lambda: module(x))
+    assert isinstance(raised.error, RuntimeError), "the tree must be one that cannot run on meta"
+    assert raised_as_a_fresh_build_does(raised, module, (x,))
+    assert not raised_as_a_fresh_build_does(attempt(lambda: 1 / 0), module, (x,)), \
+        "another error type than the fresh build's is the call's own"
+    assert not raised_as_a_fresh_build_does(attempt(lambda: None), module, (x,))
+    runs = build_tree(TreeSpec(root=LeafSpec(kind="Linear")))
+    assert not raised_as_a_fresh_build_does(attempt(lambda: runs(X, X)), runs, (X,)), \
+        "a tree whose fresh build runs excuses no error"

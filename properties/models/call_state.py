@@ -198,3 +198,13 @@ def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any,
     for ``loaded_copy``)."""
     copy, kwargs = loaded_copy(module, filled, call, own)
     return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
+
+
+def raised_as_a_fresh_build_does(outcome: Outcome, module: nn.Module, args: tuple) -> bool:
+    """Whether ``outcome`` raised the error type that a fresh build of ``module``'s tree raises
+    when called on ``args`` itself, with no functional call: a tree that cannot run in its world
+    (a catalogue layer that reads a value out of ``meta`` tensors) owes no successful call."""
+    if outcome.error is None:
+        return False
+    own = attempt(lambda: tree_info(module).build()(*[clone_value(a) for a in args]))
+    return own.error is not None and type(own.error) is type(outcome.error)
