@@ -545,6 +545,42 @@ def test_an_fn_that_returns_its_input_commits_nothing_visible_before_raising():
         assert commits_before_raising(example) == shows == overwrite
 
 
+class _Tagged(torch.nn.Parameter):
+    """A ``Parameter`` subclass: torch's swap and overwrite paths refuse it returned as is."""
+
+
+@pytest.mark.parametrize("tagged_first", [True, False])
+def test_a_subclass_refused_first_commits_nothing_before_the_raise(tagged_first):
+    """Swap flag, ``fn`` returning 2-D tensors as they are and converting 1-D ones: torch raises
+    at the ``Parameter`` subclass it cannot wrap; only tensors before it are committed."""
+    from swapspec.properties.declarations.torch_apply import commits_before_its_raise
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import Conversion
+
+    def build() -> torch.nn.Module:
+        module = torch.nn.Module()
+        tagged = _Tagged(torch.ones(2, 3))
+        plain = torch.nn.Parameter(torch.ones(4))
+        module.a, module.b = (tagged, plain) if tagged_first else (plain, tagged)
+        return module
+
+    repro = "lambda t: t if t.dim() == 2 else t.double()"
+    conversion = Conversion("2-D kept, else double", repro)
+    example = Example(build(), conversion=conversion, flags=FlagSetting(overwrite=False, swap=True))
+    module = build()
+    plain = module.b if tagged_first else module.a
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with pytest.raises(RuntimeError):
+            module._apply(conversion.make_fn())
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    committed = plain.dtype == torch.float64
+    assert committed == (not tagged_first)
+    assert commits_before_its_raise(example) == committed
+
+
 def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
     """Whether a hook registered on the first parameter before ``conversions`` (torch's
     ``_apply``, default flags) fires in a backward after them."""

@@ -20,6 +20,7 @@ from swapspec.properties.models.call_state import (
 from swapspec.properties.models.examples import named_tensors, same_values
 from swapspec.properties.models.oracle import expand
 from swapspec.properties.models.outcomes import attempt
+from swapspec.properties.rules.clauses import got_rebound_object
 from swapspec.strategies import CallInput, build_tree
 from swapspec.strategies.trees import (
     ContainerSpec,
@@ -327,3 +328,32 @@ def test_a_call_raising_what_a_fresh_build_raises_is_excused_and_no_other_error_
     runs = build_tree(TreeSpec(root=LeafSpec(kind="Linear")))
     assert not raised_as_a_fresh_build_does(attempt(lambda: runs(X, X)), runs, (X,)), \
         "a tree whose fresh build runs excuses no error"
+
+
+class _Counter(torch.nn.Module):
+    """A leaf whose forward rebinds its ``count`` buffer to ``count + 1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.tensor(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count = self.count + 1
+        return x
+
+
+def test_a_rebind_written_back_as_a_tensor_held_before_is_lost_even_with_equal_values():
+    leaf = _Counter()
+    module = torch.nn.Sequential(leaf, leaf)  # one slot under two names, run twice
+    own = leaf.count
+    given = torch.tensor(-2)  # -2, rebound twice: 0, the value of the module's own tensor
+    tensors = {"0.count": given, "1.count": given}
+    held_before = {id(own), id(given)}
+    torch.func.functional_call(module, tensors, (X,))
+    rebound = torch.tensor(0)  # what the model's copy holds after its forward: a new object
+    assert tensors["1.count"] is own and same_values(tensors["1.count"], rebound), \
+        "torch writes the module's own tensor back under the second name, equal by chance"
+    assert not got_rebound_object(tensors["1.count"], given, rebound, set(), held_before)
+    assert got_rebound_object(tensors["0.count"], given, rebound, set(), held_before)
+    assert got_rebound_object(own, given, own, {id(own)}, held_before), \
+        "a forward that rebinds the slot to a tensor held before is followed"

@@ -96,13 +96,17 @@ def commits_before_its_raise(example: Example) -> bool:
     """torch's ``_apply`` raises here (``torch_apply_raises``: a refused ``Parameter`` subclass,
     a graph-carrying grad, an old-style norm, a tied RNN weight, a shared grad) and ``fn``
     changes a tensor that comes first in its order (or the overwrite path puts a new
-    ``Parameter`` in its slot), which ``_apply`` has committed when it raises. (The first
-    tensor of the order is taken as the raising one's earliest place.)"""
+    ``Parameter`` in its slot), which ``_apply`` has committed when it raises. The raise comes
+    at the first ``Parameter`` subclass ``fn`` returns unchanged off the set_data path, if
+    any (nothing after it is committed); for the other causes, the last tensor of the order is
+    taken as the raising one's latest place."""
     if not torch_apply_raises(example):
         return False
-    order = torch_call_order(example)
+    results = _results(example, torch_call_order(example)[:-1])
+    cut = next((i for i, (t, applied) in enumerate(results)
+                if _subclass_refused(example, t, applied)), len(results))
     return any(applied is not t or _overwritten(example, t, applied)
-               for t, applied in _results(example, order[:-1]))
+               for t, applied in results[:cut])
 
 
 def _overwritten(example: Example, t: Tensor, applied: Any) -> bool:

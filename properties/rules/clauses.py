@@ -99,3 +99,15 @@ def slot_order_changes(before: dict, now: dict) -> list[str]:
             if said:
                 changes.append(f"module {path or '<root>'!r}: {said}")
     return changes
+
+
+def got_rebound_object(caller: object, given: object, rebound: Tensor, held_by_copy: set[int],
+                       held_before: set[int]) -> bool:
+    """Clause ``rebind-lost``'s test for one name forward rebound: the caller's mapping holds
+    the new object forward made. ``rebound`` is what the model's copy holds after its forward,
+    ``held_by_copy`` the ids the copy held before it, ``held_before`` the ids the module and
+    the caller held before the call. The caller's object is not the one it gave, has the
+    rebound values, and is no tensor held before the call unless forward rebound the slot to
+    such a tensor (an equal value held before is not the new object)."""
+    made = id(rebound) in held_by_copy or id(caller) not in held_before
+    return caller is not given and made and same_values(caller, rebound)

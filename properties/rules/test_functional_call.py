@@ -56,7 +56,12 @@ from swapspec.properties.models.oracle import (
     tie_groups,
 )
 from swapspec.properties.models.outcomes import Outcome, attempt, same_output
-from swapspec.properties.rules.clauses import check_untouched, slot_order_changes, slot_orders
+from swapspec.properties.rules.clauses import (
+    check_untouched,
+    got_rebound_object,
+    slot_order_changes,
+    slot_orders,
+)
 from swapspec.strategies import (
     CallInput,
     ForwardError,
@@ -424,6 +429,8 @@ def test_fc_write_back(target, data):
     copy, copy_kwargs = loaded_copy(module, filled, call)
     loaded = {n: owner_of(copy, n) for n in keys}
     loaded_objects = {n: getattr(o, k) for n, (o, k) in loaded.items()}
+    held_by_copy = {id(t) for t in named_tensors(copy).values()}
+    held_before = {id(t) for t in named_tensors(module).values()} | {id(v) for v in given.values()}
     copy_out = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
     outcome = _call(target, module, call)
     same_outcome = check.that(type(outcome.error) is type(copy_out.error), "forward-outcome",
@@ -443,8 +450,11 @@ def test_fc_write_back(target, data):
                        "but the target follows the design no-write-back",
                        code=f"entries(tensors)[{name!r}] is given[{name!r}]")
         else:
-            check.that(caller is not given[name] and same_values(caller, now), "rebind-lost",
-                       f"forward rebound {name!r} but the caller's mapping did not get the new object",
+            check.that(got_rebound_object(caller, given[name], now, held_by_copy, held_before),
+                       "rebind-lost",
+                       f"forward rebound {name!r} but the caller's mapping did not get the new "
+                       "object" + (": it holds a tensor the module or the caller held before the "
+                                   "call" if id(caller) in held_before else ""),
                        code=f"entries(tensors)[{name!r}] is not given[{name!r}]")
     _verdict(check, example, target)
 
