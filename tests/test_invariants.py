@@ -156,6 +156,23 @@ def test_a_raise_inside_the_forward_may_keep_what_the_forward_did():
     assert "slot 'extra' appeared" in messages
 
 
+def test_a_raise_inside_the_forward_may_keep_its_in_place_update_of_a_given_tensor():
+    """Rule: with ``forward_ran`` a caller's tensor that forward updated in place before it
+    raised (a functional call's given ``steps``) is the forward's doing; the caller's dict
+    itself (its keys, the objects it holds) is still held unchanged."""
+    import torch
+
+    given = {"steps": torch.zeros(1)}
+    before = invariants.world([], mappings=[given])
+    given["steps"].add_(1)  # a leaf's ``self.steps.add_(1)`` before a later layer raises
+    assert invariants.unchanged(before, forward_ran=True) == []
+    assert [v.message for v in invariants.unchanged(before)] == [
+        "the caller's tensor under 'steps' changed value"]
+    given["steps"] = torch.zeros(1)
+    assert [v.message for v in invariants.unchanged(before, forward_ran=True)] == [
+        "the caller's dict changed (keys or the objects they hold)"]
+
+
 def test_a_raise_inside_vmap_that_leaves_a_batched_tensor_is_judged_without_reading_it():
     """Rule: a slot left holding a batched tensor that escaped a vmapped function (torch's, as
     a vmap step that raised can leave) is read by its object, never by its values (every op on

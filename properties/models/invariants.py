@@ -146,9 +146,10 @@ def unchanged(before: World, clause: str = RAISE_UNCHANGED, *,
 
     ``forward_ran``: the operation raised inside the module's own forward, which keeps what its
     code did before it raised (a value updated in place, a buffer rebound by ``self.count =
-    ...``), as a plain call does. The objects in the slots and their values are then not compared:
-    the caller holds them to its model of that forward. The registrations, the caller's dicts and
-    the process state still are."""
+    ...``), as a plain call does. The objects in the slots, their values and the values of the
+    caller's tensors (a functional call's forward updates the given tensors in place) are then
+    not compared: the caller holds them to its model of that forward. The registrations, the
+    caller's dicts (their keys and the objects they hold) and the process state still are."""
     out: list[Violation] = []
     for module, state in before.modules:
         out += _module_unchanged(state, module, clause, slots=not forward_ran)
@@ -157,7 +158,7 @@ def unchanged(before: World, clause: str = RAISE_UNCHANGED, *,
         if (tuple(k for k, _ in items), tuple(id(v) for _, v in items)) != (m.keys, m.ids):
             out.append(Violation(clause, "the caller's dict changed (keys or the objects they hold)"))
             continue
-        for key, value in items:
+        for key, value in items if not forward_ran else ():
             if id(value) in m.values and not _same_anywhere(value, m.values[id(value)]):
                 out.append(Violation(clause, f"the caller's tensor under {key!r} changed value"))
     if process_state() != before.process:
