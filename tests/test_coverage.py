@@ -219,7 +219,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]
          "--swapspec-profile=swapspec-dev", "--hypothesis-seed=0",  # one fixed sample
          "--swapspec-property=APPLY-VALUES",
          f"--swapspec-report={report}", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     broken = [line for line in proc.stdout.splitlines() if "broken rule" in line]
     assert proc.returncode == 0, "\n".join(broken[:20]) + proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(report.read_text())

@@ -63,9 +63,10 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_pytest(tmp: Path, *args: str, cwd: Path = REPO, timeout: int = 120,
+def run_pytest(tmp: Path, *args: str, cwd: Path = REPO, timeout: int = 600,
                **env: str) -> Run:
-    """``python -m pytest -p no:cacheprovider *args`` in ``cwd``, SWAPSPEC_* unset but ``env``."""
+    """``python -m pytest -p no:cacheprovider *args`` in ``cwd``, SWAPSPEC_* unset but ``env``.
+    ``timeout`` only stops a hung run: a loaded machine may take minutes for a short one."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=cwd, env=_env(tmp, **env), capture_output=True, text=True, timeout=timeout,
