@@ -581,6 +581,47 @@ def test_a_subclass_refused_first_commits_nothing_before_the_raise(tagged_first)
     assert commits_before_its_raise(example) == committed
 
 
+def _tied_buffers(keys: int) -> torch.nn.Module:
+    """One buffer under ``keys`` names (tied), beside a ``count`` buffer a load leaves missing."""
+    module = torch.nn.Module()
+    shared = torch.ones(2)
+    for i in range(keys):
+        module.register_buffer(f"b{i}", shared)
+    module.register_buffer("count", torch.tensor(0))
+    return module
+
+
+@pytest.mark.parametrize("keys", [1, 2])
+def test_a_failing_load_swapping_a_slot_twice_may_leave_its_cdata_as_it_was(keys):
+    """Swap flag, a strict load missing ``count``, every other key given the slot's own tensor:
+    a slot swapped once shows a new TensorImpl for certain (``writes-before-failing``); a slot
+    swapped twice may end at its old address (the other declaration, never judged stale)."""
+    from swapspec.properties.declarations.torch_load_failures import (
+        swaps_twice_before_failing,
+        writes_before_failing,
+    )
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies.state_dicts import LoadInput
+
+    module = _tied_buffers(keys)
+    own = module.b0
+    state_dict = {f"b{i}": own for i in range(keys)}
+    probe = _tied_buffers(keys)
+    example = Example(probe, load=LoadInput({f"b{i}": probe.b0 for i in range(keys)},
+                                            strict=True, assign=False, swap=True))
+    start = own._cdata
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with pytest.raises(RuntimeError, match="count"):
+            module.load_state_dict(state_dict)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert writes_before_failing(example) == (keys == 1)
+    assert swaps_twice_before_failing(example) == (keys == 2)
+    if keys == 1:
+        assert own._cdata != start, "one swap: a new TensorImpl, the old one alive meanwhile"
+
+
 def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
     """Whether a hook registered on the first parameter before ``conversions`` (torch's
     ``_apply``, default flags) fires in a backward after them."""

@@ -97,20 +97,57 @@ def refused_with_conflict(example: Any) -> bool:
 
 def writes_before_failing(example: Any) -> bool:
     """torch writes every fitting key even when the load then raises, and some write shows:
-    a swap (a new TensorImpl; if torch refuses it, the values ``module_load`` copied in first,
-    without ``assign``), an
+    a swap (a new TensorImpl, certain only for a slot swapped once: ``swaps_twice_before_failing``;
+    if torch refuses it, the values ``module_load`` copied in first, without ``assign``), an
     assign (a new object in the slot), or copies that leave other values (``_copies_show``)."""
     load = example.load
     if not spec_fails(example):
         return False
-    refused = torch_refused(example) if load.swap else set()
+    if load.swap:
+        return _swaps_show(example)
+    if load.assign:
+        return any(value is not slot for _, slot, value in torch_writes(example))
+    return _copies_show(example)
+
+
+def _swaps_show(example: Any) -> bool:
+    """Under the swap flag, some write shows for certain: new values, a refused swap's copied
+    values (without ``assign``), or the new TensorImpl of a slot swapped once."""
+    refused, swaps, assign = torch_refused(example), swap_counts(example), example.load.assign
     for _, slot, value in torch_writes(example):
-        if load.swap and (id(slot) not in refused
-                          or (not load.assign and not _copy_keeps(slot, value))):
-            return True  # a refused swap still shows module_load's copy_ (not with assign)
-        if not load.swap and load.assign and value is not slot:
+        if id(slot) in refused:
+            if not assign and not _copy_keeps(slot, value):
+                return True  # a refused swap still shows module_load's copy_
+        elif swaps[id(slot)] == 1 or not _swap_keeps(slot, value, assign):
             return True
-    return not load.swap and not load.assign and _copies_show(example)
+    return False
+
+
+def _swap_keeps(slot: Tensor, value: Any, assign: bool) -> bool:
+    """A swap of ``value`` into ``slot`` leaves its dtype, shape, device and values as they are:
+    ``module_load`` copies ``value`` into the slot's data, or with ``assign`` hands ``value``
+    itself in."""
+    if not assign:
+        return _copy_keeps(slot, value)
+    return value is slot or ((value.dtype, value.shape, value.device)
+                             == (slot.dtype, slot.shape, slot.device) and _copy_keeps(slot, value))
+
+
+def swaps_twice_before_failing(example: Any) -> bool:
+    """A load that fails swaps some slot twice or more (tied names, a shared submodule's paths)
+    and no write shows for certain (``writes_before_failing``): each swap frees a TensorImpl
+    whose address the next one may take, so the slot can end at the ``_cdata`` it started with."""
+    return (example.load.swap and spec_fails(example) and not writes_before_failing(example)
+            and any(n > 1 for n in swap_counts(example).values()))
+
+
+def swap_counts(example: Any) -> dict[int, int]:
+    """Under the swap flag: id of each slot object -> how many keys torch swaps into it."""
+    counts: dict[int, int] = {}
+    if example.load.swap:
+        for _, slot, _ in torch_writes(example):
+            counts[id(slot)] = counts.get(id(slot), 0) + 1
+    return counts
 
 
 def _copies_show(example: Any) -> bool:

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from swapspec.properties.declarations.torch_load_failures import (
     own_state,
     spec_fails,
+    swap_counts,
     swap_refused_by_torch,
     torch_writes,
     writes_before_failing,
@@ -73,7 +74,7 @@ def assign_replaces_own_data(example: Any) -> bool:
     load = example.load
     if not load.assign or swap_refused_by_torch(example):
         return False
-    given, swaps = load.state_dict, _swap_counts(example)
+    given, swaps = load.state_dict, swap_counts(example)
     before = named_tensors(example.module)
     for key, path in expected_load_paths(before, load).items():
         if path != "kept":
@@ -154,16 +155,7 @@ def swapped_twice(example: Any) -> bool:
     shared submodule's paths): the second swap can put a TensorImpl at the address the first
     one freed, so ``_cdata`` reads as kept."""
     return example.load.swap and not spec_fails(example) and any(
-        n > 1 for n in _swap_counts(example).values())
-
-
-def _swap_counts(example: Any) -> dict[int, int]:
-    """Under the swap flag: id of each slot object -> how many keys torch swaps into it."""
-    counts: dict[int, int] = {}
-    if example.load.swap:
-        for _, slot, _ in torch_writes(example):
-            counts[id(slot)] = counts.get(id(slot), 0) + 1
-    return counts
+        n > 1 for n in swap_counts(example).values())
 
 
 def _tensor_slots(example: Any) -> list[Tensor]:
