@@ -622,6 +622,26 @@ def test_a_failing_load_swapping_a_slot_twice_may_leave_its_cdata_as_it_was(keys
         assert own._cdata != start, "one swap: a new TensorImpl, the old one alive meanwhile"
 
 
+@pytest.mark.parametrize("another_weight", [False, True])
+def test_an_rnn_ignores_a_none_weight_only_when_no_other_weight_changes(another_weight):
+    """``functional_call`` giving ``None`` to an RNN weight: alone, torch runs forward with the
+    old weight; with another weight changed, it re-reads them all and raises as the spec does."""
+    from swapspec.properties.declarations.torch_functional_call import rnn_ignores_a_none_weight
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import CallInput
+
+    rnn, x = torch.nn.RNN(2, 2, num_layers=2, bias=False), torch.zeros(3, 2)
+    tensors = {"weight_hh_l1": None, **({"weight_ih_l0": torch.ones(2, 2)} if another_weight else {})}
+    example = Example(rnn, call=CallInput(dict(tensors), (x,), {}))
+    assert rnn_ignores_a_none_weight(example) == (not another_weight)
+    if another_weight:
+        with pytest.raises(TypeError):
+            torch.func.functional_call(rnn, tensors, (x,))
+    else:
+        out = torch.func.functional_call(rnn, tensors, (x,))
+        assert torch.equal(out[0], rnn(x)[0]), "forward ran with the weight the call took out"
+
+
 def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
     """Whether a hook registered on the first parameter before ``conversions`` (torch's
     ``_apply``, default flags) fires in a backward after them."""

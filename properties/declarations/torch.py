@@ -50,6 +50,7 @@ from swapspec.properties.declarations.torch_functional_call import (
              partial_ties_beside_conflict,
              reparametrizing_name_given,
              restore_sets_wrapper_into_plain,
+             rnn_ignores_a_none_weight,
              shared_slot_write_back_wrong,
              slot_conflict_ignored,
              swap_refused_by_graph_grads,
@@ -472,6 +473,16 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         id="torch.fc.partial-tie-group-write-back"),
     Deviation("FC-WRITE-BACK", shared_slot_write_back_wrong, ("in-place-lost", "rebind-lost"),
               SHARED_SLOT, id="torch.fc.shared-slot-write-back"),
+    Deviation(
+        ("FC-ORACLE", "FC-WRITE-BACK"), rnn_ignores_a_none_weight, ("output", "forward-outcome"),
+        always=False, reason=
+        "An RNN's forward re-reads its weights only where RNNBase._weights_have_changed sees a "
+        "changed one, and it skips None: a functional call that gives None to an RNN weight "
+        "(and changes no other) runs forward with the weight it took out, where the spec's "
+        "module holding None cannot run. Repro: rnn = nn.RNN(4, 4, num_layers=2); "
+        "torch.func.functional_call(rnn, {'weight_hh_l1': None}, (torch.zeros(2, 4),)) "
+        "returns an output; rnn.weight_hh_l1 = None; rnn(torch.zeros(2, 4)) raises TypeError",
+        id="torch.fc.rnn-ignores-a-none-weight"),
     Deviation(
         "FC-WRITE-BACK", tuple_rebind_lost, "rebind-lost",
         "torch.func.functional_call merges a tuple of dicts into a new dict, so a buffer "

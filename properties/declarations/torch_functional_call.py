@@ -176,6 +176,28 @@ def _rebound_by_forward(example: Example, given: dict[str, Any], filled: dict[st
     return {n for n, (o, k) in loaded.items() if getattr(o, k, None) is not before[n]}
 
 
+def rnn_ignores_a_none_weight(example: Example) -> bool:
+    """The call gives ``None`` to an RNN's flat weight and no flat weight of that RNN reads as
+    changed: ``RNNBase._weights_have_changed`` skips a ``None``, so forward keeps its old
+    ``_flat_weights`` and runs with the weight the call took out, where the loaded copy (which
+    holds ``None``) cannot run. The weights it compares with are the module's own: anything
+    that reads the RNN's state before the call (a forward, a ``deepcopy``: ``__getstate__``)
+    brings its references up to date."""
+    filled = _filled(example)
+    if not filled:
+        return False
+    for path, rnn in example.module.named_modules(remove_duplicate=False):
+        if not isinstance(rnn, nn.RNNBase):
+            continue
+        names = [(f"{path}.{n}" if path else n, n) for n in rnn._flat_weights_names]
+        given = {key: filled[key] for key, _ in names if key in filled}
+        changed = any(given[key] is not None and given[key] is not getattr(rnn, n, None)
+                      for key, n in names if key in given)
+        if not changed and any(v is None for v in given.values()):
+            return True
+    return False
+
+
 def slot_conflict_ignored(example: Example) -> bool:
     """``tie_weights=False`` and two names of one shared slot carry different objects."""
     call = example.call
