@@ -642,6 +642,34 @@ def test_an_rnn_ignores_a_none_weight_only_when_no_other_weight_changes(another_
         assert torch.equal(out[0], rnn(x)[0]), "forward ran with the weight the call took out"
 
 
+@pytest.mark.parametrize("itself_last", [True, False])
+def test_an_assign_load_keeps_a_slot_whose_last_key_gives_the_parameter_itself(itself_last):
+    """``assign=True``, no swap flag, a shared ``Linear``'s bias given under both paths, once as
+    its detached alias and once as the ``Parameter`` itself: torch's last write decides whether
+    the slot ends with its own object."""
+    from swapspec.properties.declarations.torch_load_objects import assign_replaces_own_data
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies.state_dicts import LoadInput
+
+    def build() -> torch.nn.Module:
+        shared = torch.nn.Linear(2, 2)
+        return torch.nn.Sequential(shared, shared)
+
+    def state_dict(module: torch.nn.Module) -> dict:
+        own, alias = module[0].bias, module[0].bias.detach()
+        order = [("0.bias", alias), ("1.bias", own)] if itself_last else [("0.bias", own), ("1.bias", alias)]
+        weight = module[0].weight  # the Parameter itself under both keys: kept by torch too
+        return {"0.weight": weight, "1.weight": weight, **dict(order)}
+
+    probe = build()
+    example = Example(probe, load=LoadInput(state_dict(probe), strict=True, assign=True, swap=False))
+    module = build()
+    bias = module[0].bias
+    module.load_state_dict(state_dict(module), assign=True)
+    assert (module[0].bias is bias) == itself_last
+    assert assign_replaces_own_data(example) == (not itself_last)
+
+
 def _hooks_fire_after(module: torch.nn.Module, conversions: list) -> bool:
     """Whether a hook registered on the first parameter before ``conversions`` (torch's
     ``_apply``, default flags) fires in a backward after them."""

@@ -85,7 +85,7 @@ def assign_replaces_own_data(example: Any) -> bool:
                 return True  # one swap: a new TensorImpl, the old one still alive meanwhile
             continue
         same_slot = [k for k in given if _slot_of(example.module, k) == _slot_of(example.module, key)]
-        if any(given[k] is not slot for k in same_slot):
+        if same_slot and given[same_slot[-1]] is not slot:
             return True  # torch's last write into that slot puts in another object
     return False
 
