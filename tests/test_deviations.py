@@ -431,6 +431,35 @@ def test_old_weight_norm_refusal_is_predicted_exactly_when_torch_refuses(step):
         f"after {step!r} the predicate says torch raises: {predicted}")
 
 
+def _pruned_linear(history: str) -> torch.nn.Module:
+    """A pruned Linear after ``history``: nothing, a same-dtype conversion, or a ``half()``
+    off the swap path (a ``.data =`` of another dtype)."""
+    import torch.nn.utils.prune as prune
+
+    module = torch.nn.Linear(2, 2, bias=False)
+    prune.l1_unstructured(module, "weight", amount=0.5)
+    if history == "float":
+        module.float()
+    elif history == "half":
+        module.half()
+    return module
+
+
+@pytest.mark.parametrize("history", ["built", "float", "half"])
+def test_pruned_orig_refusal_is_predicted_exactly_when_torch_refuses(history):
+    from swapspec.properties.declarations.torch_apply import old_weight_norm_swapped
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import CONVERSIONS
+
+    double = next(c for c in CONVERSIONS if c.name == "double()")
+    example = Example(_pruned_linear(history), conversion=double,
+                      flags=FlagSetting(overwrite=False, swap=True))
+    predicted = old_weight_norm_swapped(example)
+    assert predicted == _torch_double_raises(_pruned_linear(history)), (
+        f"after {history!r} the predicate says torch raises: {predicted}")
+
+
 def test_a_refused_old_norm_swap_commits_nothing_before_a_later_fn_error():
     from swapspec.properties.declarations.torch_apply import commits_before_raising
     from swapspec.properties.models.examples import Example

@@ -195,7 +195,14 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "through). Repro: "
         "m = nn.Linear(2, 2); "
         "torch.nn.utils.weight_norm(m); torch.__future__.set_swap_module_params_on_conversion(True); "
-        "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g",
+        "m.double()  # RuntimeError: _apply(): Couldn't swap Linear.weight_g. A pruned "
+        "parameter's _orig is refused the same way once a conversion off the swap path changed "
+        "its dtype (the .data = drops its link to the AccumulateGrad node the pruned "
+        "attribute's graph still holds, so swap_tensors finds a second one; torch 2.13). "
+        "Repro: import torch.nn.utils.prune as prune; m = nn.Linear(2, 2); "
+        "prune.random_unstructured(m, 'weight', 0.5); "
+        "m.half(); torch.__future__.set_swap_module_params_on_conversion(True); "
+        "m.float()  # RuntimeError: _apply(): Couldn't swap Linear.weight_orig",
         id="torch.apply.old-weight-norm-swapped"),
     Deviation(
         "APPLY-ATOMIC", old_weight_norm_swapped, "no-error", always=False, reason=

@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.prune import BasePruningMethod
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.models.apply_state import is_uninitialized
+from swapspec.properties.models.apply_state import is_uninitialized, swap_tensors_takes
 from swapspec.properties.models.examples import (
     Example,
     holds_values,
@@ -117,23 +118,36 @@ def _overwritten(example: Example, t: Tensor, applied: Any) -> bool:
 
 def old_norm_refusals(example: Example) -> list[Tensor]:
     """The tensors ``swap_tensors`` refuses on the swap path because an old hook-based
-    ``weight_norm`` or ``spectral_norm`` holds them: the sources of its computed ``weight``
-    attribute (``weight_g``/``weight_v``, ``weight_orig``) while that attribute's autograd graph
-    still holds them. ``swap_tensors`` refuses a leaf whose TensorImpl has more uses than the
-    tensor and its ``AccumulateGrad`` node (``Tensor._use_count() > 2``); a ``backward`` without
-    ``create_graph`` frees the graph's saved tensors, and a spectral-norm weight computed with
-    no forward yet has no graph, and then the swap goes through."""
+    reparametrization holds them: the sources of the computed attribute of a ``weight_norm``
+    (``_g``/``_v``), a ``spectral_norm`` or a pruning method (``_orig``) while that attribute's
+    autograd graph still holds them. ``swap_tensors`` refuses a leaf whose TensorImpl has
+    more uses than the tensor and its current ``AccumulateGrad`` node (``swap_tensors_takes``):
+    the graph's saved tensors (a norm's), or the graph's old ``AccumulateGrad`` node once a
+    ``.data =`` of another dtype has dropped the tensor's link to it (a pruned ``_orig``).
+    A ``backward`` without ``create_graph`` frees the graph's saved tensors, and a
+    spectral-norm weight computed with no forward yet has no graph; then the swap goes
+    through."""
     refused = []
     for m in _scope(example):
-        hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm | SpectralNorm)]
-        for hook in hooks:
-            for suffix in ("_g", "_v", "_orig"):
-                p = m._parameters.get(hook.name + suffix)
-                if p is not None and p._use_count() > 2 and any(
+        for hook in m._forward_pre_hooks.values():
+            for p in _hook_sources(m, hook):
+                if not swap_tensors_takes(p) and any(
                         torch_path(example, q, applied) == "swap"
                         for q, applied in _results(example, [p])):
                     refused.append(p)
     return refused
+
+
+def _hook_sources(module: nn.Module, hook: object) -> list[Tensor]:
+    """The parameters an old-style reparametrization hook computes its attribute from."""
+    if isinstance(hook, WeightNorm | SpectralNorm):
+        name, suffixes = hook.name, ("_g", "_v", "_orig")
+    elif isinstance(hook, BasePruningMethod):
+        name, suffixes = hook._tensor_name, ("_orig",)
+    else:
+        return []
+    found = [module._parameters.get(name + suffix) for suffix in suffixes]
+    return [p for p in found if p is not None]
 
 
 def old_weight_norm_swapped(example: Example) -> bool:
