@@ -6,6 +6,7 @@ sequence step (``SequenceMachine.after``). The reference keeps them all."""
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from swapspec import reference
@@ -219,3 +220,31 @@ def test_an_error_in_the_modules_own_pre_hook_is_the_forwards():
     with pytest.raises(RuntimeError, match="power iteration"):
         call_target(target, module, {"weight": torch.ones(2, 2)}, (torch.ones(1, 2),), {})
     assert [v.clause for v in check.violations] == []
+
+
+def _conv_with_a_meta_bias() -> torch.nn.Module:
+    """A catalogue ``Conv1d`` given a CPU weight and a ``meta`` bias by an ``assign`` load: a
+    state a load may leave, whose forward reads memory no tensor defines."""
+    module = build_tree(TreeSpec(root=LeafSpec(kind="catalogue", tensors=(), entry="nn.Conv1d",
+                                               variant=0)))
+    weight = module.inner.weight.detach().clone()
+    module.load_state_dict({"inner.weight": weight,
+                            "inner.bias": torch.empty(weight.shape[0], device="meta")},
+                           assign=True)
+    return module
+
+
+def test_a_module_mixing_meta_and_values_is_held_to_its_forwards_kinds_not_its_values():
+    module = _conv_with_a_meta_bias()
+    assert invariants.mixes_meta_with_values(module)
+    assert invariants.works(module, invariants.input_for(module)) == []
+
+
+def test_outputs_without_defined_values_still_differ_by_class_dtype_and_shape():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a, garbage = torch.zeros(2, 3), torch.full((2, 3), 1e14)
+    assert invariants._same(a, garbage, by_values=False)
+    assert not invariants._same(a, garbage)
+    for other in (torch.zeros(3, 2), a.double(), TwoTensor(a, a.clone())):
+        assert not invariants._same(a, other, by_values=False), other
