@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import UninitializedTensorMixin
 
 _MISSING: Any = object()
 ATTRIBUTE = "attribute"
@@ -70,7 +72,10 @@ def functional_call(
     4. Strict (``_check_strict``): valid keys are the ``remove_duplicate=False`` names of
        parameters and buffers; missing or unexpected keys raise torch's ``RuntimeError``.
     5. Bad input (``_resolve_slots``): non-tensor values, unknown submodules, non-tensor
-       attributes and empty names raise torch's errors.
+       attributes and empty names raise torch's errors. A lazy module's uninitialized tensor
+       takes no other value (``None`` included): its forward would finish initializing the
+       module around that value and leave it of its final class holding the uninitialized
+       tensor restored after the call; ``ValueError`` (``lazy_value_error``).
        Rules 2-5 run in this order, all before anything is touched.
     6. Swapping in (``_swap_in``): each value goes straight into the owning module's
        ``_parameters``/``_buffers`` slot, unwrapped; an unknown name becomes an attribute
@@ -222,6 +227,7 @@ def _resolve_slots(module: nn.Module, named: dict[str, Any]) -> list[_Slot]:
     for name, value in named.items():
         owner, key = _owner_and_key(module, name)
         _check_value(owner, key, value)
+        _check_lazy(owner, name, key, value)
         slot = slots.setdefault((id(owner), key), _Slot(owner, key, _kind(owner, key), value=value))
         slot.names.append(name)
     return list(slots.values())
@@ -257,6 +263,27 @@ def _check_value(owner: nn.Module, key: str, value: Any) -> None:
     current = getattr(owner, key, None)  # a registered slot holds a tensor or None
     if current is not None and not isinstance(current, Tensor):
         raise TypeError(f"attribute `{key}`: {current} is not an instance of torch.Tensor")
+
+
+def _check_lazy(owner: nn.Module, name: str, key: str, value: Any) -> None:
+    """Rule 5: a lazy module's uninitialized tensor takes no other value (``lazy_value_error``)."""
+    current = owner._parameters.get(key, owner._buffers.get(key))
+    if value is not current and isinstance(current, UninitializedTensorMixin) and initializes_lazily(owner):
+        raise ValueError(lazy_value_error(name, owner))
+
+
+def initializes_lazily(module: nn.Module) -> bool:
+    """Whether ``module`` is a lazy module whose first forward has not initialized it yet."""
+    return isinstance(module, LazyModuleMixin) and hasattr(module, "_initialize_hook")
+
+
+def lazy_value_error(name: str, owner: nn.Module) -> str:
+    """The message for a value given to a lazy module's uninitialized tensor: its forward would
+    finish initializing the module around the given value (materializing the others, or
+    failing on the given one) and turn it into its final class, which restoring the
+    uninitialized tensor after the call would leave holding it."""
+    return (f"functional_call cannot give a value to {name!r}, an uninitialized tensor of the "
+            f"lazy module {owner._get_name()}: run one forward to initialize it first")
 
 
 def _kind(owner: nn.Module, key: str) -> str:

@@ -10,6 +10,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 from torch import Tensor, nn
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.strategies.modules import BATCH, FEATURES
@@ -18,7 +19,8 @@ from swapspec.strategies.trees import DTYPES, join, slot_values, tensor_values
 FORMS = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
 VALUE_KINDS = ("fresh", "own", "none", "other-dtype")
 FLOATING = ("float64", "float32", "float16", "bfloat16")
-INVALID_KINDS = ("non-tensor-value", "empty-leaf-name", "non-mapping", "non-dict-element")
+INVALID_KINDS = ("non-tensor-value", "empty-leaf-name", "non-mapping", "non-dict-element",
+                 "uninitialized-value")
 
 
 class FlagSetting(NamedTuple):
@@ -233,7 +235,9 @@ def _invalidate(
     draw: Any, module: nn.Module, tensors: Any, chosen: dict[str, Any], gen: torch.Generator, forms: Sequence[str],
     valid: bool = False,
 ) -> tuple[Any, str]:
-    kinds = [k for k in INVALID_KINDS if k != "non-dict-element" or set(forms) - {"dict"}]
+    lazy = lazy_uninitialized_names(module)
+    kinds = [k for k in INVALID_KINDS if (k != "non-dict-element" or set(forms) - {"dict"})
+             and (k != "uninitialized-value" or lazy)]
     kind = draw(st.sampled_from(kinds))
     if kind == "non-mapping":
         return 7, kind
@@ -246,10 +250,22 @@ def _invalidate(
         bad[name] = 0.5
         if valid:  # the given aliases of that tensor get the same object: no tie conflict
             bad.update({n: bad[name] for n in bad if name in named and named.get(n) is named[name]})
+    elif kind == "uninitialized-value":
+        bad[draw(st.sampled_from(lazy))] = (None if draw(st.booleans())
+                                            else tensor_values((FEATURES,), "float32", gen))
     else:
         subs = [p for p, _ in module.named_modules() if p]
         bad[f"{draw(st.sampled_from(subs))}." if subs else "."] = tensor_values((FEATURES,), "float32", gen)
     return (bad if isinstance(tensors, dict) else (bad,)), kind
+
+
+def lazy_uninitialized_names(module: nn.Module) -> list[str]:
+    """Names of the uninitialized tensors of lazy modules not yet initialized (a first forward
+    would initialize them), which a functional call may not give another value."""
+    lazy = {id(m) for m in module.modules()
+            if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook")}
+    return sorted(n for n, t in valid_names(module).items() if is_uninitialized(t)
+                  and id(module.get_submodule(n.rpartition(".")[0])) in lazy)
 
 
 def _one_value_per_group(chosen: dict[str, Any], module: nn.Module, names: dict[str, Tensor],
@@ -352,7 +368,9 @@ def call_inputs(
     * ``unknown_names``: sometimes add ``'<path>.extra'`` (an unknown leaf on an existing module; a tensor or a
       ``Parameter``) and ``'nosuch.weight'`` (an unknown submodule).
     * ``invalid``: sometimes replace the input by a bad one: a non-tensor value, an empty leaf name
-      (``'<path>.'``), a non-mapping ``tensors`` (``7``) or a tuple with a non-dict element.
+      (``'<path>.'``), a non-mapping ``tensors`` (``7``), a tuple with a non-dict element, or
+      (where the tree has a lazy module not yet initialized) ``None`` or a tensor for one of its
+      uninitialized tensors (``lazy_uninitialized_names``).
     * ``strict``, ``tie_weights``: fix the keyword to this value instead of drawing it (for an
       implementation without the keyword: its default).
     * ``forms``: the input forms to draw from (default all of ``FORMS``); ``("dict",)`` for an

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections import Counter
@@ -952,3 +953,23 @@ def test_a_raise_on_a_swapped_parameters_grad_leaves_that_grad_none():
     with torch_swap_flag_set(), pytest.raises(RuntimeError, match="raise_on"):
         module._apply(over_cpu.make_fn())
     assert module.a.grad is None and commits_before_raising(example)
+
+
+@pytest.mark.parametrize("given", [{"bias": None}, {"bias": "tensor"}, {"weight": None},
+                                   {"weight": "tensor", "bias": "tensor"}])
+def test_torch_takes_a_value_for_a_lazy_tensor_exactly_where_declared(given):
+    from swapspec.properties.declarations.torch_functional_call import gives_a_lazy_tensor
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies.calls import CallInput
+
+    shapes = {"weight": (2, 3), "bias": (2,)}
+    tensors = {k: None if v is None else torch.zeros(shapes[k]) for k, v in given.items()}
+    module = torch.nn.LazyLinear(2)
+    call = CallInput(tensors, (torch.ones(1, 3),), {}, tie_weights=True, strict=False)
+    assert gives_a_lazy_tensor(Example(module, call=call))
+    # torch never refuses with the spec's ValueError: it runs, or fails in the lazy hook
+    with contextlib.suppress(AttributeError):
+        torch.func.functional_call(module, tensors, (torch.ones(1, 3),))
+    initialized = torch.nn.Linear(2, 2)
+    assert not gives_a_lazy_tensor(Example(initialized, call=CallInput(
+        {"bias": None}, (torch.ones(1, 2),), {}, tie_weights=True, strict=False)))

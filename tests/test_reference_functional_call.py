@@ -607,3 +607,23 @@ def test_kwargs_passed_through():
     got = reference.functional_call(Echo(), {}, (1,), {"scale": X2})
     assert got[0] == (1,)
     assert got[1].keys() == {"scale"} and got[1]["scale"] is X2
+
+
+@pytest.mark.parametrize("given", [{"1.bias": None}, {"1.bias": torch.zeros(2)},
+                                   {"1.weight": torch.zeros(2, 2), "1.bias": torch.zeros(2)}])
+def test_a_value_for_a_lazy_modules_uninitialized_tensor_is_refused_before_anything_changes(given):
+    module = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2))
+    weight, bias = module[1].weight, module[1].bias
+    with pytest.raises(ValueError, match=r"'1\.(bias|weight)'"):
+        reference.functional_call(module, given, (torch.ones(1, 2),))
+    assert type(module[1]) is nn.LazyLinear and hasattr(module[1], "_initialize_hook")
+    assert module[1].weight is weight and module[1].bias is bias
+    assert isinstance(bias, nn.parameter.UninitializedParameter)
+    module.state_dict()
+
+
+def test_a_lazy_module_given_its_own_uninitialized_tensor_initializes_as_a_forward_does():
+    module = nn.LazyLinear(2)
+    out = reference.functional_call(module, {"bias": module.bias}, (torch.ones(1, 3),))
+    assert out.shape == (1, 2) and type(module) is nn.Linear
+    assert module.state_dict()["bias"].shape == (2,)

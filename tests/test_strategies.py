@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 from torch import nn
 from torch.nn.utils import parametrize
 
@@ -507,3 +508,15 @@ def test_data_parallel_is_drawn_only_without_an_accelerator(monkeypatch) -> None
     assert usable_wrappers() == WRAPPERS
     monkeypatch.setattr(data_parallel, "_get_available_device_type", lambda: "cuda")
     assert usable_wrappers() == ("compiled",)
+
+
+def test_bad_calls_give_a_lazy_modules_uninitialized_tensor_a_value_where_there_is_one() -> None:
+    module = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2))
+    call = find(call_inputs(module, invalid=True, invalid_chance=100, valid=True),
+                lambda c: c.invalid == "uninitialized-value", settings=settings(database=None))
+    given = call.tensors if isinstance(call.tensors, dict) else call.tensors[0]
+    assert {"1.weight", "1.bias"} & set(given), given
+    module(torch.ones(1, 2))  # initialized: no name is left to draw for that kind
+    with pytest.raises(NoSuchExample):
+        find(call_inputs(module, invalid=True, invalid_chance=100),
+             lambda c: c.invalid == "uninitialized-value", settings=settings(database=None, max_examples=200))

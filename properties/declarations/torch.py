@@ -43,6 +43,7 @@ from swapspec.properties.declarations.torch_apply import (
              type_checked_by_uninitialized,
 )
 from swapspec.properties.declarations.torch_functional_call import (
+             gives_a_lazy_tensor,
              parametrized_name_swap_refused,
              parametrized_name_with_right_inverse,
              parametrized_name_without_right_inverse,
@@ -160,6 +161,21 @@ TORCH_METHOD_DEVIATIONS: tuple[Deviation, ...] = (
         id="torch.methods.type-checked-by-uninitialized"),
 )
 
+
+LAZY_VALUE = (
+    "torch.func.functional_call does not refuse a value (None included) for an uninitialized "
+    "tensor of a lazy module not yet initialized. It swaps the value in, and in forward the "
+    "module's initialize hook materializes its other uninitialized tensors in place and raises "
+    "AttributeError at a given one, or, meeting none, turns the module into its final class and "
+    "drops its lazy hooks; the restore then puts the uninitialized tensor back, and the module's "
+    "state_dict and forward raise ValueError from then on. The spec refuses the call with "
+    "ValueError before touching anything (torch 2.13). Repro: m = nn.LazyLinear(2); "
+    "torch.func.functional_call(m, {'bias': None}, (torch.ones(1, 3),)); "
+    "type(m).__name__  # 'Linear'; m.state_dict()  # ValueError: Attempted to use an "
+    "uninitialized parameter; m = nn.LazyLinear(2); "
+    "torch.func.functional_call(m, {'bias': torch.zeros(2)}, (torch.ones(1, 3),))  "
+    "# AttributeError, with m.weight materialized"
+)
 
 TORCH_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
@@ -480,6 +496,17 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         id="torch.fc.partial-tie-group-write-back"),
     Deviation("FC-WRITE-BACK", shared_slot_write_back_wrong, ("in-place-lost", "rebind-lost"),
               SHARED_SLOT, id="torch.fc.shared-slot-write-back"),
+    Deviation(
+        "FC-BAD-INPUT", gives_a_lazy_tensor,
+        ("wrong-error", "touched-on-error", "INV-RAISE-UNCHANGED", "INV-WORKING", "INV-KINDS"),
+        LAZY_VALUE, id="torch.fc.lazy-value-taken"),
+    Deviation(
+        "FC-RESTORE", gives_a_lazy_tensor,
+        ("not-restored", "INV-RAISE-UNCHANGED", "INV-WORKING", "INV-KINDS"), always=False,
+        stale_after=None, reason=LAZY_VALUE + " FC-RESTORE sees it only where the lazy module's "
+        "hook ran before the call raised (a forward error raised earlier, or the hook's first "
+        "tensor given, leave nothing to see), which the drawn call does not tell.",
+        id="torch.fc.lazy-value-initializes"),
     Deviation(
         ("FC-ORACLE", "FC-WRITE-BACK"), rnn_ignores_a_none_weight, ("output", "forward-outcome"),
         always=False, reason=

@@ -24,6 +24,7 @@ from swapspec.properties.models.oracle import (
     ExpectedError,
     expand,
     expected_outcome,
+    lazy_value_error,
     merge_inputs,
     name_error,
     owner_of,
@@ -196,6 +197,19 @@ def rnn_ignores_a_none_weight(example: Example) -> bool:
         if not changed and any(v is None for v in given.values()):
             return True
     return False
+
+
+def gives_a_lazy_tensor(example: Example) -> bool:
+    """The call gives a value (``None`` included) to an uninitialized tensor of a lazy module
+    not yet initialized (``oracle.lazy_value_error``), and passes torch's own checks
+    (``_filled``): torch swaps the value in, and in forward the module's initialize pre-hook
+    runs around it. The hook materializes the module's other uninitialized tensors in place,
+    in its own order, and raises ``AttributeError`` at a given one (no ``materialize``); where
+    it meets none (``None`` for a tensor it skips, or every one given) it finishes: the module
+    takes its final class and drops its lazy hooks, and the restore then puts the uninitialized
+    tensor back into it (its ``state_dict`` and forward raise ``ValueError`` after)."""
+    filled = _filled(example)
+    return bool(filled) and any(lazy_value_error(example.module, n, v) for n, v in filled.items())
 
 
 def slot_conflict_ignored(example: Example) -> bool:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import UninitializedTensorMixin
 
 from swapspec.properties.models.examples import named_tensors
 
@@ -137,7 +139,8 @@ def owner_of(module: nn.Module, name: str) -> tuple[nn.Module, str] | ExpectedEr
 
 
 def name_error(module: nn.Module, name: str, value: Any) -> ExpectedError | None:
-    """Per-name checks in torch's order: submodule path, value type, empty key, attribute type."""
+    """torch's per-name checks in torch's order: submodule path, value type, empty key,
+    attribute type (the spec adds ``lazy_value_error``)."""
     found = owner_of(module, name)
     if isinstance(found, ExpectedError):
         return found
@@ -152,6 +155,25 @@ def name_error(module: nn.Module, name: str, value: Any) -> ExpectedError | None
         return ExpectedError(TypeError, f"attribute `{key}`: {current} is not an instance of torch.Tensor",
                              keys=(key,))
     return None
+
+
+def lazy_value_error(module: nn.Module, name: str, value: Any) -> ExpectedError | None:
+    """The spec's check after torch's per-name checks (torch has none): a value (``None``
+    included) for an uninitialized tensor of a lazy module not yet initialized is a
+    ``ValueError`` naming it. Its forward would finish initializing the module around the
+    value, so the call cannot leave the module as it was."""
+    found = owner_of(module, name)
+    if isinstance(found, ExpectedError):
+        return None
+    owner, key = found
+    current = owner._parameters.get(key, owner._buffers.get(key))
+    if value is current or not isinstance(current, UninitializedTensorMixin):
+        return None
+    if not (isinstance(owner, LazyModuleMixin) and hasattr(owner, "_initialize_hook")):
+        return None
+    return ExpectedError(ValueError, f"functional_call cannot give a value to {name!r}, an "
+                         f"uninitialized tensor of the lazy module {owner._get_name()}: run one "
+                         "forward to initialize it first", keys=(name,))
 
 
 def slot_conflict(module: nn.Module, filled: dict[str, Any]) -> ExpectedError | None:
@@ -197,7 +219,8 @@ def expected_outcome(module: nn.Module, tensors: Any, *, tie_weights: bool,
                      strict: bool, registered_only: bool = False) -> dict[str, Any] | ExpectedError:
     """The filled ``{name: value}`` the forward sees, or the error the call must raise.
 
-    Order: input form, ties, one slot one value, strict, then each name; with
+    Order: input form, ties, one slot one value, strict, then each name (torch's checks, then
+    ``lazy_value_error``); with
     ``registered_only`` (the design ``registered-names-only``) a name that is not a registered
     parameter or buffer raises ``KeyError`` (``unregistered_error``).
     """
@@ -215,7 +238,7 @@ def expected_outcome(module: nn.Module, tensors: Any, *, tie_weights: bool,
         if error is not None:
             return error
     for name, value in filled.items():
-        error = name_error(module, name, value)
+        error = name_error(module, name, value) or lazy_value_error(module, name, value)
         if error is not None:
             return error
     return filled

@@ -478,8 +478,8 @@ def test_fc_bad_input(target, data):
     """Bad input gets torch's error type, with a message naming the keys involved, and the
     module is unchanged (torch's exact wording for targets with ``exact_messages``).
 
-    Covers non-tensor values, unknown submodules, non-tensor attributes, empty names and
-    non-mapping input. Origin: ``NamedMemberAccessor`` (PR #92536).
+    Covers non-tensor values, unknown submodules, non-tensor attributes, empty names,
+    non-mapping input and a value for a lazy module's uninitialized tensor. Origin: ``NamedMemberAccessor`` (PR #92536).
     """
     module, call, example, check = _draw(data, "FC-BAD-INPUT", target, valid=True,
                                          invalid=True, invalid_chance=100)

@@ -7,6 +7,8 @@ Its design, where torch's differs:
 - registered names only: a name that is not a registered parameter or buffer raises
   ``KeyError`` (torch sets it as a plain attribute for the call);
 - no write-back: a buffer that forward rebinds is not written into the caller's dict.
+- a lazy module's uninitialized tensor takes no value (``ValueError``), as the spec says;
+  torch takes it and its forward initializes the module around it.
 
 ``MYLIB_PLANTED_BUG`` plants bugs (comma-separated, each independent of the other):
 ``detach`` swaps in ``value.detach()`` instead of the given tensor, ``refuse-none`` refuses a
@@ -20,6 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import UninitializedTensorMixin
 
 
 def swap_call(module: nn.Module, tensors: dict, *args: Any, **kwargs: Any) -> Any:
@@ -54,8 +58,17 @@ def _slot(module: nn.Module, name: str, value: Any, planted: list[str]) -> tuple
         raise KeyError(f"swap_call: {name!r} is not a registered parameter or buffer") from None
     for table in (owner._parameters, owner._buffers):
         if key in table:
+            _refuse_lazy(owner, name, table[key], value)
             return table, key
     raise KeyError(f"swap_call: {name!r} is not a registered parameter or buffer")
+
+
+def _refuse_lazy(owner: nn.Module, name: str, current: Any, value: Any) -> None:
+    """A lazy module's uninitialized tensor takes no other value: its first forward would
+    initialize the module around it."""
+    lazy = isinstance(owner, LazyModuleMixin) and hasattr(owner, "_initialize_hook")
+    if lazy and isinstance(current, UninitializedTensorMixin) and value is not current:
+        raise ValueError(f"swap_call: {name!r} is uninitialized: run one forward first")
 
 
 def _one_value_per_slot(tensors: dict, slots: dict[str, tuple[dict, str]]) -> None:
