@@ -627,3 +627,30 @@ def test_a_lazy_module_given_its_own_uninitialized_tensor_initializes_as_a_forwa
     out = reference.functional_call(module, {"bias": module.bias}, (torch.ones(1, 3),))
     assert out.shape == (1, 2) and type(module) is nn.Linear
     assert module.state_dict()["bias"].shape == (2,)
+
+
+class _LazyScale(nn.modules.lazy.LazyModuleMixin, nn.Module):
+    """A lazy module that keeps its class once initialized (``cls_to_become`` None)."""
+
+    cls_to_become = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.parameter.UninitializedParameter()
+
+    def initialize_parameters(self, x: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.weight.materialize(x.shape[-1:])
+            self.weight.fill_(2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def test_an_initialized_lazy_module_takes_a_value_for_an_uninitialized_tensor_it_gained_later():
+    module = _LazyScale()
+    module(torch.ones(1, 3))  # initialized: its hooks are gone, its class stays
+    module.register_parameter("extra", nn.parameter.UninitializedParameter())
+    out = reference.functional_call(module, {"extra": torch.ones(3)}, (torch.ones(1, 3),))
+    assert torch.equal(out, torch.full((1, 3), 2.0))
+    assert isinstance(module.extra, nn.parameter.UninitializedParameter)
