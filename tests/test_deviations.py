@@ -652,6 +652,37 @@ def test_a_failing_load_swapping_a_slot_twice_may_leave_its_cdata_as_it_was(keys
         assert own._cdata != start, "one swap: a new TensorImpl, the old one alive meanwhile"
 
 
+@pytest.mark.parametrize("keys", [1, 2])
+def test_a_load_swapping_a_slot_twice_is_predicted_where_torch_swaps_it_twice(keys, monkeypatch):
+    """Swap flag, a load that succeeds, every key given the slot's own tensor: torch swaps the
+    buffer once per key that reaches it, and ``torch.load.swapped-twice`` (never judged stale:
+    whether a second swap shows depends on the allocator) applies exactly where it swaps twice."""
+    from swapspec.properties.declarations.torch_load_objects import swapped_twice
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies.state_dicts import LoadInput
+
+    module = _tied_buffers(keys)
+    probe = _tied_buffers(keys)
+    example = Example(probe, load=LoadInput(
+        {**{f"b{i}": probe.b0 for i in range(keys)}, "count": probe.count},
+        strict=True, assign=False, swap=True))
+    swaps = Counter()
+    swap = torch.utils.swap_tensors
+
+    def counting_swap(t1, t2):
+        swaps[id(t1)] += 1
+        return swap(t1, t2)
+
+    monkeypatch.setattr(torch.utils, "swap_tensors", counting_swap)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        module.load_state_dict({**{f"b{i}": module.b0 for i in range(keys)}, "count": module.count})
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert swaps[id(module.b0)] == keys
+    assert swapped_twice(example) == (keys == 2)
+
+
 @pytest.mark.parametrize("another_weight", [False, True])
 def test_an_rnn_ignores_a_none_weight_only_when_no_other_weight_changes(another_weight):
     """``functional_call`` giving ``None`` to an RNN weight: alone, torch runs forward with the

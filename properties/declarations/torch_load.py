@@ -228,7 +228,7 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.__future__.set_swap_module_params_on_conversion(True)\n"
         "c = m.running_mean._cdata; m.load_state_dict(m.state_dict(), assign=True)\n"
         "print(m.running_mean._cdata == c)  # True or False, by the allocator",
-        torch_versions=TORCH_ALL, id="torch.load.swapped-twice"),
+        torch_versions=TORCH_ALL, stale_after=None, id="torch.load.swapped-twice"),
     Deviation(
         "LOAD-ROUND-TRIP", round_trip_assign_replaces, "changed",
         "Loading state_dict() back with assign=True (swap flag off) puts new objects in every "
