@@ -654,3 +654,12 @@ def test_an_initialized_lazy_module_takes_a_value_for_an_uninitialized_tensor_it
     out = reference.functional_call(module, {"extra": torch.ones(3)}, (torch.ones(1, 3),))
     assert torch.equal(out, torch.full((1, 3), 2.0))
     assert isinstance(module.extra, nn.parameter.UninitializedParameter)
+
+
+@pytest.mark.parametrize("value", [None, torch.zeros(3)])
+def test_a_value_for_a_lazy_modules_uninitialized_buffer_is_refused(value):
+    module = nn.LazyBatchNorm1d()
+    mean = module.running_mean
+    with pytest.raises(ValueError, match="'running_mean'"):
+        reference.functional_call(module, {"running_mean": value}, (torch.ones(2, 3),))
+    assert module.running_mean is mean and type(module) is nn.LazyBatchNorm1d
