@@ -1004,3 +1004,30 @@ def test_torch_takes_a_value_for_a_lazy_tensor_exactly_where_declared(given):
     initialized = torch.nn.Linear(2, 2)
     assert not gives_a_lazy_tensor(Example(initialized, call=CallInput(
         {"bias": None}, (torch.ones(1, 2),), {}, tie_weights=True, strict=False)))
+
+
+@pytest.mark.parametrize("then", ["float()", "double()"])
+def test_a_grad_shared_by_an_earlier_split_is_declared_where_the_next_conversion_keeps_it(then):
+    """After an overwrite split that left one grad in two Parameters, a next conversion on the
+    overwrite path keeps it shared where ``fn`` returns the grad itself (``float()``), and
+    gives each its own where it makes a new one (``double()``)."""
+    from swapspec.properties.declarations.torch_apply import split_tie_shares_grad
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import CONVERSIONS
+
+    conversion = next(c for c in CONVERSIONS if c.name == then)
+    module = torch.nn.Module()
+    module.a = torch.nn.Parameter(torch.ones(2))
+    module.b = module.a
+    module.a.grad = torch.ones(2)
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        module.float()  # the split: two Parameters, one grad (float() returns it itself)
+        assert module.a is not module.b and module.a.grad is module.b.grad
+        example = Example(module, conversion=conversion, flags=FlagSetting(overwrite=True, swap=False))
+        predicted = split_tie_shares_grad(example)
+        module._apply(conversion.make_fn())
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    assert predicted == (module.a.grad is module.b.grad) == (then == "float()")

@@ -189,11 +189,7 @@ def shared_grad_swapped(example: Example) -> bool:
     """Two distinct parameters hold one grad object (what the overwrite path leaves of a tied
     parameter with a grad), and one of them takes the swap path: ``swap_tensors`` refuses a
     grad that another parameter still holds."""
-    holders: dict[int, int] = {}
-    for p in _params(example):
-        if p.grad is not None:
-            holders[id(p.grad)] = holders.get(id(p.grad), 0) + 1
-    shared = [p for p in _params(example) if p.grad is not None and holders[id(p.grad)] > 1]
+    shared = params_sharing_a_grad(example)
     return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, shared))
 
 
@@ -328,12 +324,27 @@ def overwrite_splits_tied_parameters(example: Example) -> bool:
 def split_tie_shares_grad(example: Example) -> bool:
     """A tied parameter with a grad takes the overwrite path: torch gives each slot its own new
     Parameter, and each of them ``fn(grad)``: one grad object where ``fn`` returns its input
-    (for a new grad per call, each Parameter has its own)."""
+    (for a new grad per call, each Parameter has its own). Or an earlier conversion did so:
+    two parameters already share one grad (``params_sharing_a_grad``), and this one keeps it
+    shared: off the overwrite path (``grad.data =``), or where ``fn`` returns it itself."""
+    if torch_apply_raises(example):
+        return False
     held = _distinct_slots(example, "_parameters")
-    return not torch_apply_raises(example) and any(
+    return any(torch_path(example, p, applied) != "overwrite" or _returns_itself(example, p.grad)
+               for p, applied in _results(example, params_sharing_a_grad(example))) or any(
         held[id(p)] > 1 and p.grad is not None and torch_path(example, p, applied) == "overwrite"
         and _returns_itself(example, p.grad)
         for p, applied in _results(example, _params(example)))
+
+
+def params_sharing_a_grad(example: Example) -> list[Tensor]:
+    """Distinct parameters that hold one grad object between them (what the overwrite path
+    leaves of a tied parameter with a grad)."""
+    holders: dict[int, int] = {}
+    for p in _params(example):
+        if p.grad is not None:
+            holders[id(p.grad)] = holders.get(id(p.grad), 0) + 1
+    return [p for p in _params(example) if p.grad is not None and holders[id(p.grad)] > 1]
 
 
 def _returns_itself(example: Example, t: Tensor) -> bool:
