@@ -28,7 +28,7 @@ def _report(tmp: Path, target: str) -> Path:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
          "--swapspec-profile=swapspec-ci", f"--swapspec-target=tests.planted.pair:{target}",
          f"--swapspec-property={PROPERTIES}", f"--swapspec-report={path}", "properties"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     return path
 
 

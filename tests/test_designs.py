@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import find
+from hypothesis import find, settings
 from hypothesis.errors import NoSuchExample
 from torch import nn
 
@@ -37,6 +37,10 @@ def test_every_design_is_documented_and_no_input_checks_skips_the_refusals():
     assert load_target(f"{PLANTED}:unchecked_unswitched").design_skip("FC-BAD-INPUT") is None
 
 
+# No deadline: a draw builds modules, which a loaded machine slows past Hypothesis' 200 ms.
+UNTIMED = settings(deadline=None, database=None)
+
+
 def test_designs_shape_the_draws():
     registered = frozenset({"registered-names-only"})
     assert design_options(registered, {"valid": True}) == {"unknown_names": False}
@@ -46,10 +50,10 @@ def test_designs_shape_the_draws():
     module = nn.Sequential(nn.Linear(4, 4))
     switched = target_call_inputs(load_target(f"{PLANTED}:registered"), module, valid=True)
     with pytest.raises(NoSuchExample):
-        find(switched, lambda c: any(k.endswith("extra") for k in c.merged()))
+        find(switched, lambda c: any(k.endswith("extra") for k in c.merged()), settings=UNTIMED)
     plain = target_call_inputs(load_target(f"{PLANTED}:registered_unswitched"), module, valid=True)
-    assert find(plain, lambda c: any(k.endswith("extra") for k in c.merged()))
-    call = find(switched, lambda c: True)
+    assert find(plain, lambda c: any(k.endswith("extra") for k in c.merged()), settings=UNTIMED)
+    call = find(switched, lambda c: True, settings=UNTIMED)
     assert call.designs == registered and "designs" not in repr(call)
 
 
