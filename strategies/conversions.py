@@ -9,7 +9,7 @@ drift apart, and every call gives a fresh function. Rules mirrored from ``torch/
   complex tensors change; with a real target a complex tensor loses its imaginary part (torch warns), with a
   complex target a floating tensor becomes complex.
 * ``to(memory_format=torch.channels_last)`` applies to 4-D and 5-D tensors; 5-D ones make torch (and so this fn)
-  raise ``RuntimeError: required rank 4 tensor``. The drawn trees have no 5-D tensors.
+  raise ``RuntimeError: required rank 4 tensor`` (catalogue leaves such as ``nn.Conv3d`` hold 5-D tensors).
 * ``to_empty(device=d)`` is ``torch.empty_like(t, device=d)``; ``share_memory()`` is ``t.share_memory_()`` (wrapper subclasses such as
   ``TwoTensor`` returned as they are: torch 2.13 crashes on theirs) and
   ``cpu()`` on a CPU tensor return their argument.
