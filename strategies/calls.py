@@ -259,11 +259,15 @@ def _invalidate(
     return (bad if isinstance(tensors, dict) else (bad,)), kind
 
 
+def initializes_lazily(module: nn.Module) -> bool:
+    """Whether ``module`` is a lazy module whose first forward has not initialized it yet."""
+    return isinstance(module, LazyModuleMixin) and hasattr(module, "_initialize_hook")
+
+
 def lazy_uninitialized_names(module: nn.Module) -> list[str]:
     """Names of the uninitialized tensors of lazy modules not yet initialized (a first forward
     would initialize them), which a functional call may not give another value."""
-    lazy = {id(m) for m in module.modules()
-            if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook")}
+    lazy = {id(m) for m in module.modules() if initializes_lazily(m)}
     return sorted(n for n, t in valid_names(module).items() if is_uninitialized(t)
                   and id(module.get_submodule(n.rpartition(".")[0])) in lazy)
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
-from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import UninitializedTensorMixin
 
 from swapspec.properties.models.examples import named_tensors
+from swapspec.strategies.calls import initializes_lazily
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def lazy_value_error(module: nn.Module, name: str, value: Any) -> ExpectedError 
     current = owner._parameters.get(key, owner._buffers.get(key))
     if value is current or not isinstance(current, UninitializedTensorMixin):
         return None
-    if not (isinstance(owner, LazyModuleMixin) and hasattr(owner, "_initialize_hook")):
+    if not initializes_lazily(owner):
         return None
     return ExpectedError(ValueError, f"functional_call cannot give a value to {name!r}, an "
                          f"uninitialized tensor of the lazy module {owner._get_name()}: run one "
