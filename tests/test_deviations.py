@@ -1031,3 +1031,32 @@ def test_a_grad_shared_by_an_earlier_split_is_declared_where_the_next_conversion
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(False)
     assert predicted == (module.a.grad is module.b.grad) == (then == "float()")
+
+
+@pytest.mark.parametrize("conflict", [True, False])
+def test_forward_writes_stay_after_a_slot_conflict_torch_runs_exactly_where_declared(conflict):
+    """Two names of a shared leaf given different objects with ``tie_weights=False``: torch runs
+    forward, so a counter buffer it rebinds elsewhere is not restored; given one object, the
+    call is valid and the spec keeps that write too (nothing declared)."""
+    from swapspec.properties.declarations.torch_functional_call import (
+        forward_writes_beside_a_conflict,
+    )
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import build_tree
+    from swapspec.strategies.calls import CallInput
+    from swapspec.strategies.trees import ContainerSpec, LeafSpec, ShareSpec, TensorSpec, TreeSpec
+
+    spec = TreeSpec(root=ContainerSpec(children=(
+        LeafSpec(tensors=(TensorSpec(name="p0"),)),
+        LeafSpec(tensors=(TensorSpec(name="p0"),), behaviours=("rebind",)),
+    )), shares=(ShareSpec(source="0", parent="", name="2"),))
+    module = build_tree(spec)
+    counter = module[1].count
+    first = torch.zeros(4)
+    second = torch.ones(4) if conflict else first
+    call = CallInput({"0.p0": first, "2.p0": second}, (torch.zeros(2, 4),), {},
+                     tie_weights=False, strict=False)
+    predicted = forward_writes_beside_a_conflict(Example(module, call=call))
+    torch.func.functional_call(module, call.tensors, call.args, tie_weights=False)
+    assert predicted is conflict
+    assert module[1].count is not counter  # torch ran forward either way

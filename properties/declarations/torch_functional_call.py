@@ -19,6 +19,7 @@ from swapspec.properties.models.examples import (
     clone_value,
     holds_values,
     named_tensors,
+    same_values,
 )
 from swapspec.properties.models.oracle import (
     ExpectedError,
@@ -219,6 +220,30 @@ def slot_conflict_ignored(example: Example) -> bool:
     if call.tie_weights or isinstance(given, ExpectedError):
         return False
     return slot_conflict(example.module, given) is not None
+
+
+def forward_writes_beside_a_conflict(example: Example) -> bool:
+    """torch runs a call whose names of one shared slot carry different objects
+    (``slot_conflict_ignored``) where the spec refuses it, and forward writes a slot the call
+    does not fill (rebinds it, or changes it in place): that write stays.
+
+    Read off the spec's model of torch's call: a fresh copy with torch's filled tensors loaded
+    (the last name of a conflict wins), run once.
+    """
+    filled = _filled(example)
+    if filled is None or not slot_conflict_ignored(example):
+        return False
+    if any(is_uninitialized(v) for v in filled.values()):
+        return False
+    call = example.call
+    copy, kwargs = loaded_copy(example.module, filled, call)
+    reached = {slot_of(copy, n) for n in filled}
+    unfilled = {n: (t, t.detach().clone()) for n, t in named_tensors(copy).items()
+                if slot_of(copy, n) not in reached}
+    attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
+    now = named_tensors(copy)
+    return any(now.get(n) is not t or not same_values(t, value)
+               for n, (t, value) in unfilled.items())
 
 
 def shared_slot_write_back_wrong(example: Example) -> bool:
