@@ -1060,3 +1060,32 @@ def test_forward_writes_stay_after_a_slot_conflict_torch_runs_exactly_where_decl
     torch.func.functional_call(module, call.tensors, call.args, tie_weights=False)
     assert predicted is conflict
     assert module[1].count is not counter  # torch ran forward either way
+
+
+@pytest.mark.parametrize("create_graph", [True, False])
+def test_a_conversion_step_after_a_graph_kept_by_an_old_norm_is_declared_where_torch_commits_first(
+        create_graph):
+    """An old-style ``weight_norm`` whose attribute's graph a ``backward(create_graph=True)``
+    kept alive (its grads then set to None): at a conversion step on the swap path torch
+    refuses ``weight_g`` after it converted the bias. A plain backward frees that graph, and
+    the swap goes through."""
+    from swapspec.properties.declarations.torch_functional_call import (
+        swap_refused_by_graph_grads,
+    )
+    from swapspec.properties.models.apply_state import conversion_named
+    from swapspec.properties.models.examples import StepExample
+    from swapspec.strategies import FlagSetting
+
+    module = torch.nn.Linear(2, 2)
+    torch.nn.utils.weight_norm(module)
+    (module(torch.ones(1, 2)) ** 2).sum().backward(create_graph=create_graph)
+    module.zero_grad()  # no grad left to carry a graph: only the attribute's graph holds
+    double = conversion_named("double()")
+    step = StepExample(module, conversion=double, flags=FlagSetting(overwrite=False, swap=True),
+                       step="convert")
+    predicted = swap_refused_by_graph_grads(step)
+    with torch_swap_flag_set(), contextlib.suppress(RuntimeError):
+        module._apply(double.make_fn())
+    refused = module.weight_g.dtype == torch.float32
+    assert predicted is refused is create_graph
+    assert module.bias.dtype == torch.float64  # converted before the refusal, or with the rest

@@ -10,7 +10,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.declarations.torch_apply import _params, _results, torch_path
+from swapspec.properties.declarations.torch_apply import (
+    _params,
+    _results,
+    old_norm_refusals,
+    torch_path,
+)
 from swapspec.properties.models.apply_state import is_uninitialized
 from swapspec.properties.models.call_state import loaded_copy
 from swapspec.properties.models.examples import (
@@ -369,11 +374,15 @@ def reparametrizing_name_given(example: Example) -> bool:
 
 
 def swap_refused_by_graph_grads(example: Example) -> bool:
-    """A conversion step of a sequence where some parameter takes the swap path while a grad
-    carries an autograd graph (an earlier ``backward(create_graph=True)``): that graph can hold
-    a parameter, ``swap_tensors`` refuses it, and torch has committed the tensors before it."""
+    """A conversion step of a sequence where a graph an earlier ``backward(create_graph=True)``
+    kept alive can hold a parameter that takes the swap path: ``swap_tensors`` refuses it, and
+    torch has committed the tensors before it. The graph is a grad's (some parameter's grad
+    carries one) or an old-style reparametrization's computed attribute's
+    (``old_norm_refusals``)."""
     if getattr(example, "step", "") != "convert":
         return False
+    if old_norm_refusals(example):
+        return True
     params = _params(example)
     if not any(p.grad is not None and p.grad.grad_fn is not None for p in params):
         return False
