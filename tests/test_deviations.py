@@ -1089,3 +1089,31 @@ def test_a_conversion_step_after_a_graph_kept_by_an_old_norm_is_declared_where_t
     refused = module.weight_g.dtype == torch.float32
     assert predicted is refused is create_graph
     assert module.bias.dtype == torch.float64  # converted before the refusal, or with the rest
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_a_form_call_leaving_a_clone_in_a_shared_slot_is_declared_where_the_kind_changes(tagged):
+    """FC-INPUT-FORMS' calls give fresh clones: a shared Linear's weight named once, with
+    ``tie_weights=True``, is swapped under both names and left holding the clone. That shows
+    in ``INV-KINDS`` only where the clone's kind differs (a tagged weight's clone is a plain
+    ``Parameter``)."""
+    from swapspec.properties.declarations.torch_functional_call import forms_swap_one_slot_twice
+    from swapspec.properties.models.call_state import cloned_inputs
+    from swapspec.properties.models.examples import Example
+    from swapspec.properties.models.invariants import kinds, kinds_kept
+    from swapspec.strategies import build_tree
+    from swapspec.strategies.calls import CallInput
+    from swapspec.strategies.trees import ContainerSpec, LeafSpec, ShareSpec, TreeSpec
+
+    spec = TreeSpec(root=ContainerSpec(children=(LeafSpec(kind="Linear", bias=False, tagged=tagged),
+                                                 LeafSpec())),
+                    shares=(ShareSpec(source="0", parent="", name="2"),))
+    module = build_tree(spec)
+    call = CallInput({"2.weight": module[0].weight}, (torch.zeros(2, 4),), {},
+                     tie_weights=True, strict=False)
+    predicted = forms_swap_one_slot_twice(Example(module, call=call))
+    fresh = build_tree(spec)
+    before, weight = kinds(fresh), fresh[0].weight
+    torch.func.functional_call(fresh, cloned_inputs(call.tensors), call.args)
+    assert fresh[0].weight is not weight  # the clone stays, tagged or not
+    assert predicted is bool(kinds_kept(before, fresh)) is tagged

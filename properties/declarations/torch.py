@@ -43,6 +43,7 @@ from swapspec.properties.declarations.torch_apply import (
              type_checked_by_uninitialized,
 )
 from swapspec.properties.declarations.torch_functional_call import (
+             forms_swap_one_slot_twice,
              forward_writes_beside_a_conflict,
              gives_a_lazy_tensor,
              parametrized_name_swap_refused,
@@ -479,6 +480,12 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         ("FC-RESTORE", "TOGETHER-CONVERTED-CALL"), swaps_one_slot_twice,
         ("not-restored", "INV-KINDS"),
         SHARED_SLOT, id="torch.fc.shared-slot-not-restored"),
+    Deviation(
+        "FC-INPUT-FORMS", forms_swap_one_slot_twice, "INV-KINDS",
+        "FC-INPUT-FORMS runs each form on a fresh build given fresh clones, so a given name of "
+        "a shared submodule's slot leaves a clone in that slot (a plain Parameter where the "
+        "module held a Parameter subclass). " + SHARED_SLOT,
+        id="torch.fc.forms-shared-slot-not-restored"),
     Deviation("TOGETHER-APPLY-IN-FORWARD", swaps_one_slot_twice,
               ("original-changed", "INV-RAISE-UNCHANGED"),
               SHARED_SLOT, id="torch.together.shared-slot-original-changed"),

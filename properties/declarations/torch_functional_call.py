@@ -4,10 +4,12 @@ torch declarations (``declarations.torch``) read them."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.declarations.torch_apply import (
@@ -17,7 +19,7 @@ from swapspec.properties.declarations.torch_apply import (
     torch_path,
 )
 from swapspec.properties.models.apply_state import is_uninitialized
-from swapspec.properties.models.call_state import loaded_copy
+from swapspec.properties.models.call_state import cloned_inputs, copy_outcome, loaded_copy
 from swapspec.properties.models.examples import (
     Example,
     alias_groups,
@@ -121,7 +123,13 @@ def _torch_swap_order(example: Example) -> list[tuple[str, Any]] | None:
 
 
 def swaps_one_slot_twice(example: Example) -> bool:
-    """torch leaves some slot holding another object than before the call.
+    """torch leaves some slot holding another object than before the call
+    (``_left_in_slots``)."""
+    return any(left is not original for original, left in _left_in_slots(example))
+
+
+def _left_in_slots(example: Example) -> list[tuple[Any, Any]]:
+    """(original, what torch leaves) for each slot the call swaps.
 
     Modelled on torch's own steps: it records each slot's content as it swaps name by
     name, then puts the records back in the same order (after forward, or at once when a
@@ -130,7 +138,7 @@ def swaps_one_slot_twice(example: Example) -> bool:
     """
     order = _torch_swap_order(example)
     if not order:
-        return False
+        return []
     module = example.module
     slots = {n: slot_of(module, n) for n, _ in order}
     original = {slots[n]: _current(module, n) for n, _ in order}
@@ -141,7 +149,37 @@ def swaps_one_slot_twice(example: Example) -> bool:
         content[slots[name]] = value
     for slot, old in records:
         content[slot] = old
-    return any(content[slot] is not original[slot] for slot in original)
+    return [(original[slot], content[slot]) for slot in original]
+
+
+def forms_swap_one_slot_twice(example: Example) -> bool:
+    """FC-INPUT-FORMS runs each form on a fresh build with fresh clones of the given tensors
+    (no given value is a slot's own tensor): where the call returns, torch leaves a clone in a
+    parameter slot (``_left_in_slots``) whose kind differs from the original's as
+    ``INV-KINDS`` reads it: not a ``Parameter``, another class, fewer instance attributes or
+    another ``requires_grad``."""
+    call = dataclasses.replace(example.call, tensors=cloned_inputs(example.call.tensors))
+    left = _left_in_slots(dataclasses.replace(example, call=call))
+    changed = any(isinstance(original, nn.Parameter) and _kind_changed(original, value)
+                  for original, value in left if value is not original)
+    return changed and _returns(example)
+
+
+def _returns(example: Example) -> bool:
+    """The call returns (``INV-KINDS`` judges a call that returned): torch fills the names the
+    spec does, and forward on the spec's loaded copy does not raise."""
+    filled = _filled(example)
+    if filled is None or any(is_uninitialized(v) for v in filled.values()):
+        return False
+    return copy_outcome(example.module, filled, example.call).error is None
+
+
+def _kind_changed(original: nn.Parameter, value: Any) -> bool:
+    if isinstance(original, UninitializedTensorMixin):
+        return False  # INV-KINDS leaves a lazy parameter's kind to its first forward
+    return (type(value) is not type(original)
+            or not set(vars(original)) <= set(getattr(value, "__dict__", {}))
+            or value.requires_grad != original.requires_grad)
 
 
 def _current(module: nn.Module, name: str) -> Any:

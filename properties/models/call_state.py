@@ -126,6 +126,15 @@ def identity_preserving_clones(values: Any) -> dict[int, Any]:
     return {id(v): clone_value(v) for v in values}
 
 
+def cloned_inputs(tensors: Any) -> Any:
+    """A call's tensors (a dict or a tuple of dicts) in the same form, each distinct object
+    cloned once (``identity_preserving_clones``)."""
+    dicts = [tensors] if isinstance(tensors, dict) else list(tensors)
+    clones = identity_preserving_clones(v for d in dicts for v in d.values())
+    copied = [{k: clones[id(v)] for k, v in d.items()} for d in dicts]
+    return copied[0] if isinstance(tensors, dict) else tuple(copied)
+
+
 def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any,
                 own: dict[str, Tensor] | None = None) -> tuple[nn.Module, dict]:
     """A fresh build of ``module`` with ``filled`` loaded for good, and kwargs for it.

@@ -28,9 +28,9 @@ from swapspec.properties.harness.target_calls import (
 )
 from swapspec.properties.models.apply_state import WORLD_CHANCE, is_uninitialized
 from swapspec.properties.models.call_state import (
+    cloned_inputs,
     copy_outcome,
     fresh_kwargs,
-    identity_preserving_clones,
     loaded_copy,
     module_state,
     raised_as_a_fresh_build_does,
@@ -357,7 +357,7 @@ def test_fc_input_forms(target, data):
     forms = {"dict": dict(items), "tuple": (dict(items),),
              "split": (dict(items[:cut]), dict(items[cut:]))}
     info = tree_info(module)
-    outputs = {label: _call(target, info.build(), call, tensors=_clone_inputs(t), kwargs=fresh_kwargs(call))
+    outputs = {label: _call(target, info.build(), call, tensors=cloned_inputs(t), kwargs=fresh_kwargs(call))
                for label, t in forms.items()}
     for label, outcome in outputs.items():
         check.that(same_output(outcome, outputs["dict"]), "form-differs",
@@ -396,13 +396,6 @@ def _forms_lines(target, call, cut: int) -> list[str]:
         "    print('raised', type(out).__name__, out)",
         "observed_forms = {f'the {label} form gives': o for label, o in form_outputs.items()}",
     ]
-
-
-def _clone_inputs(tensors):
-    dicts = [tensors] if isinstance(tensors, dict) else list(tensors)
-    clones = identity_preserving_clones(v for d in dicts for v in d.values())
-    copied = [{k: clones[id(v)] for k, v in d.items()} for d in dicts]
-    return copied[0] if isinstance(tensors, dict) else tuple(copied)
 
 
 @spec_property("FC-WRITE-BACK")
