@@ -159,8 +159,9 @@ def test_a_raise_inside_the_forward_may_keep_what_the_forward_did():
 
 def test_a_raise_inside_the_forward_may_keep_its_in_place_update_of_a_given_tensor():
     """Rule: with ``forward_ran`` a caller's tensor that forward updated in place before it
-    raised (a functional call's given ``steps``) is the forward's doing; the caller's dict
-    itself (its keys, the objects it holds) is still held unchanged."""
+    raised (a functional call's given ``steps``) is the forward's doing, and so is a given
+    buffer it rebound, which the call writes back into the caller's dict on a raise too (the
+    spec's write-back); the caller's dict's keys are still held unchanged."""
     import torch
 
     given = {"steps": torch.zeros(1)}
@@ -169,7 +170,11 @@ def test_a_raise_inside_the_forward_may_keep_its_in_place_update_of_a_given_tens
     assert invariants.unchanged(before, forward_ran=True) == []
     assert [v.message for v in invariants.unchanged(before)] == [
         "the caller's tensor under 'steps' changed value"]
-    given["steps"] = torch.zeros(1)
+    given["steps"] = torch.zeros(1)  # ``self.count = self.count + 1``, written back
+    assert invariants.unchanged(before, forward_ran=True) == []
+    assert [v.message for v in invariants.unchanged(before)] == [
+        "the caller's dict changed (keys or the objects they hold)"]
+    given["extra"] = torch.zeros(1)
     assert [v.message for v in invariants.unchanged(before, forward_ran=True)] == [
         "the caller's dict changed (keys or the objects they hold)"]
 

@@ -146,16 +146,18 @@ def unchanged(before: World, clause: str = RAISE_UNCHANGED, *,
 
     ``forward_ran``: the operation raised inside the module's own forward, which keeps what its
     code did before it raised (a value updated in place, a buffer rebound by ``self.count =
-    ...``), as a plain call does. The objects in the slots, their values and the values of the
-    caller's tensors (a functional call's forward updates the given tensors in place) are then
-    not compared: the caller holds them to its model of that forward. The registrations, the
-    caller's dicts (their keys and the objects they hold) and the process state still are."""
+    ...``), as a plain call does. The objects in the slots, their values, and the objects and
+    values of the caller's tensors (a functional call's forward updates the given tensors in
+    place, and writes a given buffer it rebound back into the caller's dict, on a raise too)
+    are then not compared: the caller holds them to its model of that forward. The
+    registrations, the caller's dicts' keys and the process state still are."""
     out: list[Violation] = []
     for module, state in before.modules:
         out += _module_unchanged(state, module, clause, slots=not forward_ran)
     for m in before.mappings:
         items = list(m.obj.items())
-        if (tuple(k for k, _ in items), tuple(id(v) for _, v in items)) != (m.keys, m.ids):
+        keys, ids = tuple(k for k, _ in items), tuple(id(v) for _, v in items)
+        if keys != m.keys or (ids != m.ids and not forward_ran):
             out.append(Violation(clause, "the caller's dict changed (keys or the objects they hold)"))
             continue
         for key, value in items if not forward_ran else ():
