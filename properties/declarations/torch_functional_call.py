@@ -168,10 +168,17 @@ def forms_swap_one_slot_twice(example: Example) -> bool:
 def _returns(example: Example) -> bool:
     """The call returns (``INV-KINDS`` judges a call that returned): torch fills the names the
     spec does, and forward on the spec's loaded copy does not raise."""
+    filled = _filled_for_forward(example)
+    return filled is not None and copy_outcome(example.module, filled, example.call).error is None
+
+
+def _filled_for_forward(example: Example) -> dict[str, Any] | None:
+    """``_filled``, or None where the spec's loaded copy cannot run forward (nothing filled,
+    or a lazy module's uninitialized tensor given)."""
     filled = _filled(example)
     if filled is None or any(is_uninitialized(v) for v in filled.values()):
-        return False
-    return copy_outcome(example.module, filled, example.call).error is None
+        return None
+    return filled
 
 
 def _kind_changed(original: nn.Parameter, value: Any) -> bool:
@@ -273,10 +280,8 @@ def forward_writes_beside_a_conflict(example: Example) -> bool:
     Read off the spec's model of torch's call: a fresh copy with torch's filled tensors loaded
     (the last name of a conflict wins), run once.
     """
-    filled = _filled(example)
+    filled = _filled_for_forward(example)
     if filled is None or not slot_conflict_ignored(example):
-        return False
-    if any(is_uninitialized(v) for v in filled.values()):
         return False
     call = example.call
     copy, kwargs = loaded_copy(example.module, filled, call)
