@@ -899,6 +899,22 @@ def test_a_declaration_covers_its_own_clauses_only(monkeypatch):
     verdict(_always("tie-split"), _always("INV-KINDS", property_id="FC-RESTORE"))
 
 
+def test_an_invariant_only_declaration_is_judged_only_where_the_invariants_are_checked(monkeypatch):
+    """Rule: a declaration naming invariant clauses only (a reused torch declaration on a host's
+    target) is never stale on a target whose invariants are off, where it cannot show; on one
+    whose invariants are on it is stale where it applies and nothing shows it."""
+    monkeypatch.delenv("SWAPSPEC_INVARIANTS", raising=False)
+    kinds_only = _always("INV-KINDS")
+
+    def verdict(checked: bool) -> None:
+        target = SimpleNamespace(name="planted", deviations=[kinds_only], invariants=checked)
+        Checker("APPLY-TIES", target, EXAMPLE).verdict()
+
+    verdict(False)
+    with pytest.raises(ConformanceError, match=r"stale deviation \[INV-KINDS\]"):
+        verdict(True)
+
+
 def test_a_sometimes_declaration_is_stale_after_its_count_unless_no_count_can_tell(monkeypatch):
     """An ``always=False`` declaration whose region ``stale_after`` examples hit without one
     showing it is stale; one with ``stale_after=None`` (an allocator's behaviour) never is."""
