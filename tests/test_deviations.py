@@ -1133,3 +1133,39 @@ def test_a_form_call_leaving_a_clone_in_a_shared_slot_is_declared_where_the_kind
     torch.func.functional_call(fresh, cloned_inputs(call.tensors), call.args)
     assert fresh[0].weight is not weight  # the clone stays, tagged or not
     assert predicted is bool(kinds_kept(before, fresh)) is tagged
+
+
+@pytest.mark.parametrize("hooked_before", [True, False])
+def test_a_hook_registered_after_a_swapping_load_is_not_held_to_the_model(hooked_before):
+    """At a sequence's load step under the swap flag torch's matched declarations name
+    ``after-hook-lost``, and the model stops holding the hooks registered afterwards; torch
+    fires none of them where the parameter had a hook before the load (its Python object keeps
+    the hook table, never registered on the swapped-in TensorImpl), and fires them otherwise."""
+    from swapspec.properties.harness.step_checker import StepCheck
+    from swapspec.properties.models.examples import StepExample
+    from swapspec.properties.models.module_model import ModuleModel
+    from swapspec.strategies import build_tree, tree_info
+    from swapspec.strategies.state_dicts import LoadInput
+    from swapspec.strategies.trees import LeafSpec, TreeSpec
+
+    module = build_tree(TreeSpec(root=LeafSpec(kind="Linear", bias=False)))
+    fired: list[str] = []
+    if hooked_before:
+        module.weight.register_hook(lambda g: fired.append("before"))
+    model = ModuleModel.observe(module, tree_info(module).spec)
+    state_dict = {"weight": torch.ones_like(module.weight)}
+    load = LoadInput(state_dict, strict=True, assign=False, swap=True)
+    step = StepCheck("SEQ-HOOKS", builtin_target("torch"),
+                     StepExample(module, step="load_state_dict", load=load))
+    assert "after-hook-lost" in step.declared_clauses
+    model.stop_checking_hooks(range(len(model.tensors)), later=True)
+    with torch_swap_flag_set():
+        module.load_state_dict(state_dict)
+    module.weight.register_hook(lambda g: fired.append("after"))
+    model.add_hooks(model.slots["weight"], "h1")
+    module(torch.ones(1, module.weight.shape[1])).sum().backward()
+    assert fired == ([] if hooked_before else ["after"])
+    assert not any(hook.checked for hook in model.hooks)
+    model.deepcopied()  # new objects take new hooks
+    model.add_hooks(model.slots["weight"], "h2")
+    assert all(hook.checked for hook in model.hooks if hook.key.startswith("h2"))

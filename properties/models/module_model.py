@@ -108,6 +108,9 @@ class ModuleModel:
     # tensors (a batch norm saves its running stats, a linear its weight), so a swap may be
     # refused. zero_grad does not reach it; only a deepcopy (all new objects) leaves it behind.
     orphan_graph: bool = False
+    # Tensors a declared deviation left deaf to new hooks (clause ``after-hook-lost``): a hook
+    # registered on one of them later is not held to the model either.
+    deaf: set[int] = field(default_factory=set)
 
     # ---- reading a module (the build, and resyncing after a declared deviation) ----
 
@@ -162,7 +165,7 @@ class ModuleModel:
         """A copy to go back to (tensor values are never changed in place)."""
         return dataclasses.replace(
             self, tensors=[dataclasses.replace(t) for t in self.tensors], slots=dict(self.slots),
-            hooks=[dataclasses.replace(h) for h in self.hooks],
+            hooks=[dataclasses.replace(h) for h in self.hooks], deaf=set(self.deaf),
             optimizer=None if self.optimizer is None else list(self.optimizer))
 
     # ---- the spec's copies -----------------------------------------------------------
@@ -344,14 +347,17 @@ class ModuleModel:
         return True
 
     def add_hooks(self, index: int, key: str) -> None:
+        """Counting hooks of every kind on tensor ``index``, held to the model unless a
+        declared deviation left that tensor deaf to new hooks."""
         for kind in HOOK_KINDS:
-            self.hooks.append(HookState(index, f"{key}:{kind}", kind))
+            self.hooks.append(HookState(index, f"{key}:{kind}", kind, checked=index not in self.deaf))
 
     def deepcopied(self) -> None:
         """``copy.deepcopy(module)``: same values in new objects, parameters without grads
         (``Parameter.__deepcopy__`` copies the data only); tensor hooks and the optimizer stay
-        with the old objects."""
+        with the old objects, and the new objects take new hooks."""
         self.poisoned = self.graph_backward = self.orphan_graph = False
+        self.deaf = set()
         for state in self.tensors:
             state.obj = None
             state.grad, state.grad_graph = None, False
@@ -512,9 +518,12 @@ class ModuleModel:
             return Prediction(error=type(e))
         return Prediction(result=out.detach())
 
-    def stop_checking_hooks(self, indices: Iterable[int]) -> None:
-        """Hooks on these tensors may have been lost by a declared deviation."""
+    def stop_checking_hooks(self, indices: Iterable[int], later: bool = False) -> None:
+        """Hooks on these tensors may have been lost by a declared deviation; ``later``: so
+        may every hook registered on them from now on."""
         wanted = set(indices)
+        if later:
+            self.deaf |= wanted
         for hook in self.hooks:
             hook.checked = hook.checked and hook.index not in wanted
 

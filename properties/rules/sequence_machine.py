@@ -358,8 +358,7 @@ class SequenceMachine(RuleBasedStateMachine):
         if open_values:
             lines = [*DEFINED_EMPTY_MEMORY_LINES[0], *lines, *DEFINED_EMPTY_MEMORY_LINES[1]]
         self.after(check, prediction, outcome, lines)
-        if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
-            self.model.stop_checking_hooks(range(len(self.model.tensors)))
+        self.stop_checking_lost_hooks(check)
 
     @rule(data=st.data())
     @while_judged
@@ -472,8 +471,7 @@ class SequenceMachine(RuleBasedStateMachine):
             self.model.poisoned = True
         self.after(check, prediction, outcome, repro.load_lines(self.target, kind, state_dict,
                                                                   assign, swap))
-        if set(HOOK_LOSS_CLAUSES) & check.declared_clauses:
-            self.model.stop_checking_hooks(range(len(self.model.tensors)))
+        self.stop_checking_lost_hooks(check)
 
     def load_values(self, kind: str, data: st.DataObject
                     ) -> tuple[dict[str, Any], dict[int, Tensor], tuple[str, ...]]:
@@ -597,6 +595,14 @@ class SequenceMachine(RuleBasedStateMachine):
                  f"named(module)[{name!r}].register_post_accumulate_grad_hook("
                  f"lambda p: fired.update([{key + ':post-accumulate'!r}]))"]
         self.after(check, Prediction(), outcome, lines)
+
+    def stop_checking_lost_hooks(self, check: StepCheck) -> None:
+        """After a step where a declaration of lost hooks applies: no hook on any tensor is
+        held to the model any more, nor (clause ``after-hook-lost``) any registered later."""
+        declared = check.declared_clauses
+        if set(HOOK_LOSS_CLAUSES) & declared:
+            self.model.stop_checking_hooks(range(len(self.model.tensors)),
+                                           later="after-hook-lost" in declared)
 
     def state_dict_round_trip(self) -> None:
         check = self.begin("state_dict_round_trip")

@@ -258,8 +258,8 @@ def _check_tie_values(check: Checker, group: list[str], names: dict[str, Tensor]
 @given(drawn=loads(swappable_trees, safe=True, swap=True))
 def test_load_identity_on_swap_path(target, drawn):
     """On the swap path every parameter object stays in its slot with its class (the value's
-    with ``assign``), instance attributes, ``requires_grad``, grad and tensor hooks; an
-    optimizer built before the load still holds it.
+    with ``assign``), instance attributes, ``requires_grad``, grad and tensor hooks, a hook
+    registered after the load fires, and an optimizer built before the load still holds it.
 
     Origin: pytorch #113000 (the swap path exists to keep parameter identity, so optimizers
     and hooks built before ``load_state_dict`` keep working).
@@ -311,17 +311,29 @@ def _check_identity(check: Checker, module, params, records, optimizer, load) ->
 
 
 def _check_hooks(check: Checker, hooked: list[nn.Parameter], fired: list[int]) -> None:
+    """Clauses ``tensor-hooks`` (each hook registered before the load fires on a backward
+    after it) and ``after-hook-lost`` (so does a hook registered on the parameter after the
+    load); the backward leaves each grad as it was."""
     live = [p for p in hooked if p.requires_grad and not p.is_meta
             and not is_traceable_wrapper_subclass(p)]
     if not live:
         return
+    fired_after: list[int] = []
+    handles = [p.register_hook(_recorder(fired_after, id(p))) for p in live]
     grads = {id(p): p.grad for p in live}
-    torch.autograd.backward([(p.real if p.is_complex() else p).sum() for p in live])
-    for p in live:
-        p.grad = grads[id(p)]
+    try:
+        torch.autograd.backward([(p.real if p.is_complex() else p).sum() for p in live])
+    finally:
+        for p in live:
+            p.grad = grads[id(p)]
+        for handle in handles:
+            handle.remove()
     check.that(all(id(p) in fired for p in live), "tensor-hooks",
                f"{sum(id(p) not in fired for p in live)} of {len(live)} register_hook hooks "
                "stopped firing after the load")
+    check.that(all(id(p) in fired_after for p in live), "after-hook-lost",
+               f"{sum(id(p) not in fired_after for p in live)} of {len(live)} register_hook "
+               "hooks registered after the load never fired")
 
 
 @spec_property("LOAD-ROUND-TRIP")
