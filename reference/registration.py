@@ -40,9 +40,10 @@ Rules:
 7. ``register_parametrization(module, name, parametrization, unsafe=False)`` is
    ``torch.nn.utils.parametrize.register_parametrization`` with rule 1: a first registration's
    ``unsafe=False`` checks (``right_inverse`` keeps the dtype, the parametrization keeps the
-   dtype and shape...) run on a copy of the tensor (a plain one for a wrapper subclass) and of
-   the parametrization before anything is written, so a refused registration raises torch's ``ValueError`` and leaves the module and
-   the parametrization as they were.
+   dtype and shape...) run on a copy of the tensor (its class, ``Parameter`` or not, and its
+   ``requires_grad`` kept; a plain tensor for a wrapper subclass) and of the parametrization
+   before anything is written, so a refused registration raises torch's ``ValueError`` and
+   leaves the module and the parametrization as they were.
 """
 
 from __future__ import annotations
@@ -331,7 +332,7 @@ def _probe_first_parametrization(module: nn.Module, tensor_name: str,
     if tensor_name in module._parameters:
         probe.register_parameter(tensor_name, Parameter(copied, tensor.requires_grad))
     else:
-        probe.register_buffer(tensor_name, copied)
+        probe.register_buffer(tensor_name, copied.requires_grad_(tensor.requires_grad))
     parametrize.register_parametrization(probe, tensor_name, copy.deepcopy(parametrization))
 
 

@@ -22,6 +22,9 @@ REFUSED = [
                                             [torch.ones(2, 2), torch.ones(2)]), TypeError),
     ("swap_tensors", lambda a: a.swap_tensors(["0.weight", "nope"],
                                               [torch.ones(2, 2), torch.ones(2)]), AttributeError),
+    ("set_tensors new attribute", lambda a: a.set_tensors(["0.fresh", "nope.x"],
+                                                          [torch.ones(2), torch.ones(2)]),
+     AttributeError),
     ("del_tensors", lambda a: a.del_tensors(["0.weight", "0.nope"]), AttributeError),
     ("set_tensors_dict", lambda a: a.set_tensors_dict({"0.weight": torch.ones(2, 2),
                                                        "0.bias": 3}), TypeError),
@@ -50,3 +53,32 @@ def test_a_good_batched_write_writes_every_name():
     old = NamedMemberAccessor(module).swap_tensors(["0.weight", "0.bias"], [weight, bias])
     assert module[0].weight is weight and module[0].bias is bias
     assert all(isinstance(t, nn.Parameter) for t in old)
+
+
+def test_swap_tensors_allow_missing_writes_a_new_name_as_torchs():
+    """``swap_tensors(..., allow_missing=True)`` writes a name the tree lacks, as torch's does."""
+    from torch.nn.utils._named_member_accessor import NamedMemberAccessor as TorchAccessor
+
+    results = []
+    for accessor in (TorchAccessor, NamedMemberAccessor):
+        module = nn.Sequential(nn.Linear(2, 2))
+        value = torch.ones(2)
+        old = accessor(module).swap_tensors(["0.fresh"], [value], allow_missing=True)
+        assert module[0].fresh is value
+        results.append([type(t).__name__ for t in old])
+    assert results[1] == results[0]
+
+
+def test_swap_tensors_dict_allow_missing_reports_the_missing_names_as_torchs():
+    """``swap_tensors_dict(..., allow_missing=True)`` writes a name the tree lacks and reports it
+    missing, as torch's does."""
+    from torch.nn.utils._named_member_accessor import NamedMemberAccessor as TorchAccessor
+
+    results = []
+    for accessor in (TorchAccessor, NamedMemberAccessor):
+        module = nn.Sequential(nn.Linear(2, 2))
+        value = torch.ones(2)
+        _, missing = accessor(module).swap_tensors_dict({"0.fresh": value}, allow_missing=True)
+        assert module[0].fresh is value
+        results.append(missing)
+    assert results[1] == results[0] == ["0.fresh"]

@@ -307,3 +307,240 @@ def test_a_refused_first_parametrization_changes_nothing(slot, requires_grad):
     with pytest.raises(ValueError) as raised:
         torch.nn.utils.parametrize.register_parametrization(theirs, "t", _NegFlat())
     assert str(ours.value) == str(raised.value)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_register_buffer_on_a_script_module_raises_torchs_error(persistent):
+    """On a ``ScriptModule`` the reference's ``register_buffer`` refuses a non-persistent buffer
+    before anything else, and a persistent one where the module refuses it, as torch's does."""
+    errors = []
+    for register in (nn.Module.register_buffer, reference.register_buffer):
+        scripted = torch.jit.script(nn.Linear(2, 2))
+        with pytest.raises(RuntimeError) as raised:
+            register(scripted, "b", torch.zeros(1), persistent=persistent)
+        errors.append(str(raised.value))
+        assert "b" not in scripted._buffers
+    assert errors[1] == errors[0]
+    assert ("non-persistent" in errors[1]) == (not persistent)
+
+
+class _TensorLike:
+    """Not a tensor, but takes part in torch functions: torch takes it as a buffer."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return NotImplemented
+
+
+@pytest.mark.parametrize("how", ["register_buffer", "setattr"])
+def test_a_tensor_like_object_is_taken_as_a_buffer(how):
+    """An object with ``__torch_function__`` is a buffer value for the reference, as for torch."""
+    for who in ("torch", "reference"):
+        module = nn.Module()
+        module.register_buffer("b", torch.zeros(1))
+        value = _TensorLike()
+        if how == "register_buffer":
+            if who == "torch":
+                module.register_buffer("c", value)
+            else:
+                reference.register_buffer(module, "c", value)
+            assert module._buffers["c"] is value, who
+        else:
+            if who == "torch":
+                module.b = value
+            else:
+                reference.registration.setattr(module, "b", value)
+            assert module._buffers["b"] is value, who
+
+
+def test_setattr_of_a_parameter_whose_name_the_class_also_has():
+    """A name the class has (a class attribute) but that is already the module's parameter is
+    not another attribute: ``setattr`` of a ``Parameter`` replaces it, as torch's does."""
+    class WithClassAttribute(nn.Module):
+        w = None
+
+    for who in ("torch", "reference"):
+        module = WithClassAttribute()
+        module._parameters["w"] = nn.Parameter(torch.zeros(2))
+        new = nn.Parameter(torch.ones(2))
+        if who == "torch":
+            module.w = new
+        else:
+            reference.registration.setattr(module, "w", new)
+        assert module._parameters["w"] is new, who
+
+
+@pytest.mark.parametrize("side", ["t1", "t2"])
+def test_swap_tensors_refuses_a_weakly_referenced_side_first(side):
+    """A weak reference to either tensor is refused with torch's message naming that side,
+    before anything else happens: the other tensor's AccumulateGrad node is not poisoned."""
+    def pair() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        t1, t2 = torch.zeros(2, requires_grad=True), torch.ones(2, requires_grad=True)
+        held = weakref.ref(t1 if side == "t1" else t2)
+        graph = (t1 * t2).sum()  # both leaves now have an AccumulateGrad node
+        return t1, t2, graph, held
+
+    messages = []
+    for swap in (torch.utils.swap_tensors, reference.swap_tensors):
+        t1, t2, graph, _held = pair()
+        with pytest.raises(RuntimeError, match="weakref") as raised:
+            swap(t1, t2)
+        messages.append(str(raised.value))
+        graph.backward()  # a poisoned node would raise here
+        assert torch.equal(t1.grad, torch.ones(2)) and torch.equal(t2.grad, torch.zeros(2))
+    assert messages[1] == messages[0] and f"swap {side} " in messages[1]
+
+
+class _Flatten(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten()
+
+
+def test_an_unsafe_registration_skips_the_checks_as_torchs():
+    """``unsafe=True`` registers a parametrization the checks would refuse, as torch's does."""
+    ours, theirs = nn.Linear(3, 2), nn.Linear(3, 2)
+    reference.registration.register_parametrization(ours, "weight", _Flatten(), unsafe=True)
+    torch.nn.utils.parametrize.register_parametrization(theirs, "weight", _Flatten(), unsafe=True)
+    assert ours.weight.shape == theirs.weight.shape == (6,)
+
+
+def test_a_refused_first_parametrization_beside_another_changes_nothing():
+    """On a module whose other tensor is parametrized, a refused first registration still runs
+    on the probe first and leaves the tensor as it was."""
+    module = nn.Module()
+    module.register_parameter("a", nn.Parameter(torch.ones(2, 3)))
+    module.register_parameter("b", nn.Parameter(torch.arange(6.0).reshape(2, 3)))
+    torch.nn.utils.parametrize.register_parametrization(module, "a", _Twice())
+    held = module.b
+    with pytest.raises(ValueError, match="shape"):
+        reference.registration.register_parametrization(module, "b", _NegFlat())
+    assert module.b is held and torch.equal(held.detach(), torch.arange(6.0).reshape(2, 3))
+    assert not torch.nn.utils.parametrize.is_parametrized(module, "b")
+
+
+class _FlatWhenGrad(nn.Module):
+    """Refused (shape) exactly when its tensor requires grad, after ``right_inverse`` negated it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten() if x.requires_grad else x
+
+    def right_inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return -x
+
+
+@pytest.mark.parametrize("slot", ["parameter", "buffer"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_the_probe_sees_the_tensor_as_torch_does(slot, requires_grad):
+    """The probe copy keeps the tensor's kind and ``requires_grad``: a parametrization refused
+    only for a tensor that requires grad is refused (changing nothing) or accepted as torch
+    accepts it."""
+    tensor = torch.arange(6.0).reshape(2, 3)
+
+    def registered(register: Any) -> tuple[nn.Module, str | None]:
+        module = nn.Module()
+        if slot == "parameter":
+            module.register_parameter("t", nn.Parameter(tensor.clone(), requires_grad))
+        else:
+            module.register_buffer("t", tensor.clone().requires_grad_(requires_grad))
+        try:
+            register(module, "t", _FlatWhenGrad())
+        except ValueError as e:
+            return module, str(e)
+        return module, None
+
+    _, theirs = registered(torch.nn.utils.parametrize.register_parametrization)
+    module, ours = registered(reference.registration.register_parametrization)
+    assert ours == theirs and (ours is None) == (not requires_grad)
+    if ours is not None:
+        assert torch.equal(module.t.detach(), tensor), "a refused registration changed the tensor"
+
+
+class _Counted(nn.Module):
+    """Counts its ``right_inverse`` calls in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def right_inverse(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls = self.calls + 1
+        return x
+
+
+def test_the_probe_leaves_the_parametrization_as_it_was():
+    """The probe runs on a deep copy of the parametrization: after a registration, the
+    parametrization's state is what torch's one registration leaves."""
+    counts = []
+    for register in (torch.nn.utils.parametrize.register_parametrization,
+                     reference.registration.register_parametrization):
+        parametrization = _Counted()
+        register(nn.Linear(3, 2), "weight", parametrization)
+        counts.append(parametrization.calls.item())
+    assert counts == [1.0, 1.0]
+
+
+class _ViewInverse(nn.Module):
+    """A first registration torch's checks refuse (shape), whose ``right_inverse`` is a view."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def right_inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten()
+
+
+class _ToDouble(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double()
+
+
+class _AddOnMeta(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.zeros(x.shape, device="meta")
+
+
+def _wrapped_parameter(dtype: torch.dtype, device: str) -> nn.Parameter:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    values = torch.arange(6.0, dtype=dtype, device=device).reshape(2, 3)
+    return nn.Parameter(TwoTensor(values, values.clone()), requires_grad=False)
+
+
+@pytest.mark.parametrize(("parametrization", "dtype", "device"), [
+    (_ToDouble, torch.float64, "cpu"), (_AddOnMeta, torch.float32, "meta")])
+def test_the_probe_of_a_wrapper_subclass_keeps_its_dtype_and_device(parametrization, dtype,
+                                                                    device):
+    """A wrapper-subclass tensor's probe has its dtype and device: a parametrization torch
+    accepts on it (one that reads them) is accepted."""
+    ours, theirs = nn.Module(), nn.Module()
+    ours.register_parameter("w", _wrapped_parameter(dtype, device))
+    theirs.register_parameter("w", _wrapped_parameter(dtype, device))
+    torch.nn.utils.parametrize.register_parametrization(theirs, "w", parametrization())
+    reference.registration.register_parametrization(ours, "w", parametrization())
+    assert ours.w.dtype == theirs.w.dtype and ours.w.device == theirs.w.device
+
+
+def test_a_refused_first_parametrization_of_a_wrapper_subclass_raises_the_checks_error():
+    """On a wrapper-subclass tensor the reference raises the checks' ``ValueError`` (where torch's
+    swap of the view refuses first: torch.parametrize.refused-first-swap-refused)."""
+    module = nn.Module()
+    module.register_parameter("w", _wrapped_parameter(torch.float32, "cpu"))
+    held = module.w
+    with pytest.raises(ValueError, match="shape"):
+        reference.registration.register_parametrization(module, "w", _ViewInverse())
+    assert module.w is held and not torch.nn.utils.parametrize.is_parametrized(module)
+
+
+def test_swap_tensors_names_a_second_tensor_held_elsewhere():
+    """A ``t2`` whose TensorImpl a view also holds is refused with torch's message, naming t2."""
+    messages = []
+    for swap in (torch.utils.swap_tensors, reference.swap_tensors):
+        t1, t2 = torch.zeros(2), torch.ones(2, requires_grad=True)
+        view = t2.view(2)
+        with pytest.raises(RuntimeError, match="use_count") as raised:
+            swap(t1, t2)
+        messages.append(str(raised.value))
+        assert view._base is t2 and not t1.any()
+    assert messages[1] == messages[0] and "use_count of t2 " in messages[1]
