@@ -133,6 +133,8 @@ def _check_child(module: nn.Module, name: Any, child: Any, taken: bool) -> None:
         raise TypeError(f"{torch.typename(child)} is not a Module subclass")
     if not isinstance(name, str):
         raise TypeError(f"module name should be a string. Got {torch.typename(name)}")
+    if "_modules" not in module.__dict__:  # torch's words: its read of the missing registry
+        raise AttributeError(f"'{type(module).__name__}' object has no attribute '_modules'")
     if taken:
         raise KeyError(f"attribute '{name}' already exists")
     if "." in name:

@@ -269,6 +269,8 @@ def bad_forms(owner: nn.Module, path: str, override: str = "") -> list[Registrat
     for method, value in (("register_parameter", "param"), ("register_buffer", "tensor"),
                           ("setattr", "param"), ("setattr", "module")):
         bad(method, FRESH, value, "uninitialized", AttributeError, "__init__")
+    for method in ("add_module", "register_module"):  # torch reads the missing registry
+        bad(method, FRESH, "module", "uninitialized", AttributeError, "_modules")
     return out
 
 

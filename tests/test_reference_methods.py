@@ -21,7 +21,7 @@ def plain_modules() -> dict[str, nn.Module]:
     torch.manual_seed(0)
     return {
         "linear": nn.Linear(3, 2),
-        "conv2d+batchnorm": nn.Sequential(nn.Conv2d(2, 2, 1), nn.BatchNorm1d(2)),
+        "conv2d+batchnorm": nn.Sequential(nn.Conv2d(2, 2, 2), nn.BatchNorm1d(2)),
         "embedding": nn.Embedding(4, 3),
         "relu": nn.ReLU(),
     }
@@ -229,3 +229,33 @@ def test_the_type_declaration_applies_where_the_first_tensor_is_uninitialized():
     assert not type_checked_by_uninitialized(Example(linear_first, method=bad_type))
     good = next(c.call for c in METHOD_CONVERSIONS if c.call.method == "double")
     assert not type_checked_by_uninitialized(Example(lazy_first, method=good))
+
+
+@pytest.mark.parametrize("device", [None, "meta"])
+@pytest.mark.parametrize(("make", "memory_format"), [
+    (lambda: nn.Conv2d(2, 2, 2), torch.channels_last),
+    (lambda: nn.Conv3d(2, 2, 2), torch.channels_last_3d)], ids=["4-d", "5-d"])
+def test_memory_format_reaches_4d_and_5d_tensors_as_torchs(make, memory_format, device):
+    """``to(device, memory_format=...)`` lays out the 4-d (5-d) weight in the format and moves
+    every tensor to the device, as torch's does; the 1-d bias keeps its layout."""
+    results = {}
+    for who in ("torch", "reference"):
+        torch.manual_seed(0)
+        module = make()
+        args = () if device is None else (device,)
+        _run(who, module, "to", args, {"memory_format": memory_format})
+        results[who] = {n: (t.device, t.stride()) for n, t in module.named_parameters()}
+        assert module.weight.is_contiguous(memory_format=memory_format), who
+        assert not module.weight.is_contiguous(), who
+        assert module.weight.device == torch.device(device or "cpu"), who
+    assert results["reference"] == results["torch"]
+
+
+def test_a_complex_to_warns_at_the_callers_line():
+    """``to`` a complex dtype warns (``UserWarning``), pointing at the line that called it."""
+    module = nn.Linear(2, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reference.to(module, torch.complex64)
+    assert [w.category for w in caught] == [UserWarning]
+    assert caught[0].filename == __file__

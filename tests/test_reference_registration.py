@@ -352,21 +352,40 @@ def test_a_tensor_like_object_is_taken_as_a_buffer(how):
             assert module._buffers["b"] is value, who
 
 
-def test_setattr_of_a_parameter_whose_name_the_class_also_has():
-    """A name the class has (a class attribute) but that is already the module's parameter is
-    not another attribute: ``setattr`` of a ``Parameter`` replaces it, as torch's does."""
+@pytest.mark.parametrize(("registry", "make"), [
+    ("_parameters", lambda: nn.Parameter(torch.ones(2))), ("_modules", lambda: nn.ReLU())])
+def test_setattr_of_a_name_the_class_also_has(registry, make):
+    """A name the class has (a class attribute) but that is already the module's parameter
+    (child) is not another attribute: ``setattr`` of a ``Parameter`` (``Module``) replaces it,
+    as torch's does."""
     class WithClassAttribute(nn.Module):
         w = None
 
     for who in ("torch", "reference"):
         module = WithClassAttribute()
-        module._parameters["w"] = nn.Parameter(torch.zeros(2))
-        new = nn.Parameter(torch.ones(2))
+        getattr(module, registry)["w"] = make()
+        new = make()
         if who == "torch":
             module.w = new
         else:
             reference.registration.setattr(module, "w", new)
-        assert module._parameters["w"] is new, who
+        assert getattr(module, registry)["w"] is new, who
+
+
+@pytest.mark.parametrize("method", ["register_parameter", "register_buffer", "add_module"])
+def test_a_module_before_init_is_refused_first_for_a_class_attributes_name(method):
+    """Before ``Module.__init__`` ran, a registration under a name the class has (``forward``)
+    raises torch's ``AttributeError`` for the missing ``__init__``."""
+    value = nn.ReLU() if method == "add_module" else nn.Parameter(torch.ones(1))
+    messages = []
+    for who in ("torch", "reference"):
+        module = nn.Module.__new__(nn.Module)
+        register = (getattr(nn.Module, method) if who == "torch"
+                    else getattr(reference.registration, method))
+        with pytest.raises(AttributeError) as raised:
+            register(module, "forward", value)
+        messages.append(str(raised.value))
+    assert messages[1] == messages[0]
 
 
 @pytest.mark.parametrize("side", ["t1", "t2"])
