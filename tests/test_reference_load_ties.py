@@ -282,3 +282,33 @@ def test_key_model_counts_a_batch_norms_filled_in_count_as_loaded(count):
     assert model.conflicts == ([conflict] if count == "other" else [])
     assert (message is not None) == model.fails(strict=False) == (count == "other")
     assert message is None or all(f'"{k}"' in message for k in conflict)
+
+
+@paths
+@pytest.mark.parametrize("hooked", [False, True])
+def test_rule6_own_data_after_a_changed_alias_yields_to_it(swap, assign, hooked):
+    """Own data, a changed alias, own data again (``w``, ``a.w``, ``b.w``): the changed value
+    loads, and the later own data yields to it as the first did (also when a post hook on
+    ``a`` has made the write before ``b.w`` is reached)."""
+    module = ThreeAliases()
+    if hooked:
+        module.a.register_load_state_dict_post_hook(lambda m, keys: None)
+    given = module.state_dict()
+    given["a.w"] = torch.tensor([5.0, 6.0])
+    assert load(module, given, swap=swap, assign=assign) == ([], [])
+    assert module.w is module.a.w is module.b.w
+    assert torch.equal(module.w.detach(), torch.tensor([5.0, 6.0]))
+
+
+@paths
+def test_rule6_every_alias_that_differs_from_the_first_is_reported(swap, assign):
+    """``w`` changed, then ``a.w`` and ``b.w`` equal to each other but not to ``w``: each of the
+    later keys is an error against the first, and the module is left as it was."""
+    module = ThreeAliases()
+    given = {"w": torch.tensor([3.0, 4.0]), "a.w": torch.tensor([5.0, 6.0]),
+             "b.w": torch.tensor([5.0, 6.0])}
+    before = snapshot(module)
+    text = error_of(lambda: load(module, given, swap=swap, assign=assign))
+    assert 'While loading the tied names "w" and "a.w"' in text
+    assert 'While loading the tied names "w" and "b.w"' in text
+    assert_unchanged(before, module)
