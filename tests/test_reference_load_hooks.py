@@ -115,3 +115,79 @@ def test_rule2_post_hook_returning_a_value_is_torchs_exact_assertion():
     with pytest.raises(AssertionError) as torchs:
         theirs.load_state_dict(theirs.state_dict())
     assert str(mine.value) == str(torchs.value)
+
+
+def test_rule2_a_childs_metadata_is_found_under_its_whole_name():
+    """A child named ``norm`` reads the metadata under ``"norm"``: with its version 2 a
+    ``BatchNorm`` without ``num_batches_tracked`` reports it missing, as torch's does."""
+    from collections import OrderedDict
+
+    results = []
+    for who in ("torch", "reference"):
+        module = nn.Sequential(OrderedDict(norm=nn.BatchNorm1d(2)))
+        given = module.state_dict()
+        del given["norm.num_batches_tracked"]
+        assert given._metadata["norm"]["version"] == 2
+        results.append(module.load_state_dict(given, strict=False) if who == "torch"
+                       else load(module, given, strict=False))
+    assert results[1] == results[0] == (["norm.num_batches_tracked"], [])
+
+
+class _Reporting(nn.Linear):
+    """Adds a missing and an unexpected key of its own in its ``_load_from_state_dict``."""
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        missing_keys.append(prefix + "override_missing")
+        unexpected_keys.append(prefix + "override_unexpected")
+
+
+def _report_from_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys,
+                          unexpected_keys, error_msgs):
+    missing_keys.append(prefix + "hook_missing")
+    unexpected_keys.append(prefix + "hook_unexpected")
+
+
+def test_rule2_hooks_and_overrides_report_into_the_loads_lists():
+    """A pre-hook and a class's ``_load_from_state_dict`` append to the lists they are given:
+    the load returns those keys, as torch's does."""
+    results = []
+    for who in ("torch", "reference"):
+        module = nn.Sequential(_Reporting(2, 2))
+        module[0].register_load_state_dict_pre_hook(_report_from_pre_hook)
+        given = module.state_dict()
+        results.append(module.load_state_dict(given, strict=False) if who == "torch"
+                       else load(module, given, strict=False))
+    assert results[1] == results[0]
+    assert "0.override_missing" in results[1].missing_keys
+    assert "0.hook_unexpected" in results[1].unexpected_keys
+
+
+class _Refusing(nn.Linear):
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        args[-1].append("the override refuses")
+
+
+@pytest.mark.parametrize("source", ["override", "pre-hook"])
+def test_rule2_an_error_a_hook_or_override_reports_fails_the_load(source):
+    """An error message a pre-hook or an override appends fails the load with torch's
+    ``RuntimeError`` text, and the module is left as it was."""
+    def refuse(module, state_dict, prefix, *args):
+        args[-1].append("the pre-hook refuses")
+
+    messages = []
+    for who in ("torch", "reference"):
+        module = nn.Sequential(_Refusing(2, 2) if source == "override" else nn.Linear(2, 2))
+        if source == "pre-hook":
+            module[0].register_load_state_dict_pre_hook(refuse)
+        weight = module[0].weight.detach().clone()
+        given = {k: v + 1 for k, v in module.state_dict().items()}
+        with pytest.raises(RuntimeError) as raised:
+            module.load_state_dict(given) if who == "torch" else load(module, given)
+        messages.append(str(raised.value))
+        if who == "reference":
+            assert torch.equal(module[0].weight.detach(), weight)
+    assert messages[1] == messages[0] and "refuses" in messages[1]

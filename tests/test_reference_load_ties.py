@@ -19,6 +19,7 @@ from tests.helpers_load import (
     shifted,
 )
 from tests.helpers_modules import (
+    Holder,
     Shared,
     ThreeAliases,
     Tied,
@@ -312,3 +313,28 @@ def test_rule6_every_alias_that_differs_from_the_first_is_reported(swap, assign)
     assert 'While loading the tied names "w" and "a.w"' in text
     assert 'While loading the tied names "w" and "b.w"' in text
     assert_unchanged(before, module)
+
+
+class _AliasOfAnother(nn.Module):
+    """``first.p`` (its module has a post hook, so its write is made before ``b`` is reached)
+    and one parameter tied as ``a.t`` and ``b.t``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Holder()
+        self.first.p = nn.Parameter(torch.tensor([1.0, 2.0]))
+        self.first.register_load_state_dict_post_hook(lambda m, keys: None)
+        self.a, self.b = Holder(), Holder()
+        self.a.t = nn.Parameter(torch.zeros(2))
+        self.b.t = self.a.t
+
+
+def test_rule6_tied_values_are_compared_as_given_not_as_written_since():
+    """``b.t`` is given an alias of ``first.p``'s data: compared with ``a.t``'s value as it was
+    given (equal), not as the write of ``first.p`` made it meanwhile (copy path)."""
+    module = _AliasOfAnother()
+    given = {"first.p": torch.tensor([7.0, 8.0]), "a.t": torch.tensor([1.0, 2.0]),
+             "b.t": module.first.p.detach()}
+    assert load(module, given) == ([], [])
+    assert torch.equal(module.a.t.detach(), torch.tensor([1.0, 2.0]))
+    assert module.a.t is module.b.t and torch.equal(module.first.p.detach(), given["first.p"])
