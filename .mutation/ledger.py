@@ -117,12 +117,26 @@ def counts_by_function(results: dict[str, str], equivalent: set[str]) -> dict[st
 
 
 def record(results_text: str) -> dict[str, dict]:
-    """The ledger with every fully measured function of ``results_text`` at its current code."""
+    """The ledger with every fully measured function of ``results_text`` at its current code,
+    and every function mutmut made no mutant of in a module the results cover (mutmut lists
+    every mutant of each file it mutated; it does not mutate a decorated function, or one with
+    nothing to change) with zero counts."""
     ledger, current = load_ledger(), fingerprints()
-    for name, counts in counts_by_function(parse_results(results_text), equivalent_names()).items():
+    measured = counts_by_function(parse_results(results_text), equivalent_names())
+    for name, counts in measured.items():
         if name in current and counts["other"] == 0:
             ledger[name] = {"fingerprint": current[name], **counts}
+    covered = {_module_of(name) for name in measured}
+    for name in current:
+        if name not in measured and _module_of(name) in covered:
+            ledger[name] = {"fingerprint": current[name], "mutants": 0, "killed": 0,
+                            "survived": 0, "equivalent": 0, "other": 0}
     return {name: ledger[name] for name in sorted(ledger) if name in current}
+
+
+def _module_of(function: str) -> str:
+    """``swapspec.reference.<module>`` of a mangled function name."""
+    return function.rsplit(".", 1)[0]
 
 
 def score(results_text: str = "") -> tuple[float | None, list[str]]:

@@ -78,3 +78,16 @@ def test_a_listed_equivalent_leaves_the_score_and_an_unrun_function_is_unmeasure
               "    swapspec.reference.mod.xǁBoxǁput__mutmut_1: not checked\n"
     assert ledger.score(partial)[1] == ["swapspec.reference.mod.xǁBoxǁput"]
     assert "swapspec.reference.mod.xǁBoxǁput" not in ledger.record(partial)
+
+
+def test_a_function_without_mutants_in_a_covered_module_is_recorded_with_zero_counts(tree):
+    """A function mutmut made no mutant of is measured once the results cover its module; one
+    in a module the results do not cover stays stale."""
+    (tree / "reference" / "other.py").write_text("def untouched(x):\n    return x\n")
+    only_plain = "    swapspec.reference.mod.x_plain__mutmut_1: killed\n"
+    recorded = ledger.record(only_plain)
+    assert recorded["swapspec.reference.mod.xǁBoxǁput"]["mutants"] == 0
+    assert "swapspec.reference.other.x_untouched" not in recorded
+    ledger.LEDGER.write_text(json.dumps(recorded))
+    assert ledger.stale_functions(ledger.load_ledger(), ledger.fingerprints()) == [
+        "swapspec.reference.other.x_untouched"]
