@@ -563,3 +563,30 @@ def test_swap_tensors_names_a_second_tensor_held_elsewhere():
         messages.append(str(raised.value))
         assert view._base is t2 and not t1.any()
     assert messages[1] == messages[0] and "use_count of t2 " in messages[1]
+
+
+class _FlatUnlessParameter(nn.Module):
+    """Refused (shape) unless its original is a ``Parameter``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if isinstance(x, nn.Parameter) else x.flatten()
+
+
+@pytest.mark.parametrize("slot", ["parameter", "buffer"])
+def test_the_probe_keeps_a_parameter_a_parameter(slot):
+    """The probe copy of a parameter is a ``Parameter`` and of a buffer a plain tensor, as the
+    original torch hands the parametrization: accepted or refused as torch's is."""
+    outcomes = []
+    for register in (torch.nn.utils.parametrize.register_parametrization,
+                     reference.registration.register_parametrization):
+        module = nn.Module()
+        if slot == "parameter":
+            module.register_parameter("t", nn.Parameter(torch.ones(2, 3)))
+        else:
+            module.register_buffer("t", torch.ones(2, 3))
+        try:
+            register(module, "t", _FlatUnlessParameter())
+            outcomes.append(None)
+        except ValueError as e:
+            outcomes.append(str(e))
+    assert outcomes[1] == outcomes[0] and (outcomes[0] is None) == (slot == "parameter")
