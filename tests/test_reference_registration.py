@@ -284,18 +284,33 @@ def test_register_parametrization_registers_and_stacks_as_torchs():
     assert len(ours.parametrizations.weight) == 2
 
 
+def _one_slot_module(slot: str, tensor: torch.Tensor, requires_grad: bool) -> nn.Module:
+    """A module holding a copy of ``tensor`` as ``t``, a parameter or a buffer."""
+    module = nn.Module()
+    if slot == "parameter":
+        module.register_parameter("t", nn.Parameter(tensor.clone(), requires_grad))
+    else:
+        module.register_buffer("t", tensor.clone().requires_grad_(requires_grad))
+    return module
+
+
+def _refusal(register: Any, module: nn.Module, parametrization: nn.Module) -> str | None:
+    """``register(module, "t", parametrization)``: ``None``, or the ``ValueError``'s message."""
+    try:
+        register(module, "t", parametrization)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 @pytest.mark.parametrize("slot", ["parameter", "buffer"])
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_a_refused_first_parametrization_changes_nothing(slot, requires_grad):
     """A first registration torch refuses raises torch's ValueError on the reference and leaves
     the tensor's object, values, shape and ``requires_grad`` as they were (torch writes
     ``right_inverse``'s result first: torch.parametrize.refused-first-writes)."""
-    module = nn.Module()
     tensor = torch.arange(6.0).reshape(2, 3)
-    if slot == "parameter":
-        module.register_parameter("t", nn.Parameter(tensor.clone(), requires_grad=requires_grad))
-    else:
-        module.register_buffer("t", tensor.clone().requires_grad_(requires_grad))
+    module = _one_slot_module(slot, tensor, requires_grad)
     held = module.t
     with pytest.raises(ValueError, match="shape") as ours:
         reference.registration.register_parametrization(module, "t", _NegFlat())
@@ -453,21 +468,10 @@ def test_the_probe_sees_the_tensor_as_torch_does(slot, requires_grad):
     only for a tensor that requires grad is refused (changing nothing) or accepted as torch
     accepts it."""
     tensor = torch.arange(6.0).reshape(2, 3)
-
-    def registered(register: Any) -> tuple[nn.Module, str | None]:
-        module = nn.Module()
-        if slot == "parameter":
-            module.register_parameter("t", nn.Parameter(tensor.clone(), requires_grad))
-        else:
-            module.register_buffer("t", tensor.clone().requires_grad_(requires_grad))
-        try:
-            register(module, "t", _FlatWhenGrad())
-        except ValueError as e:
-            return module, str(e)
-        return module, None
-
-    _, theirs = registered(torch.nn.utils.parametrize.register_parametrization)
-    module, ours = registered(reference.registration.register_parametrization)
+    theirs = _refusal(torch.nn.utils.parametrize.register_parametrization,
+                      _one_slot_module(slot, tensor, requires_grad), _FlatWhenGrad())
+    module = _one_slot_module(slot, tensor, requires_grad)
+    ours = _refusal(reference.registration.register_parametrization, module, _FlatWhenGrad())
     assert ours == theirs and (ours is None) == (not requires_grad)
     if ours is not None:
         assert torch.equal(module.t.detach(), tensor), "a refused registration changed the tensor"
@@ -576,17 +580,8 @@ class _FlatUnlessParameter(nn.Module):
 def test_the_probe_keeps_a_parameter_a_parameter(slot):
     """The probe copy of a parameter is a ``Parameter`` and of a buffer a plain tensor, as the
     original torch hands the parametrization: accepted or refused as torch's is."""
-    outcomes = []
-    for register in (torch.nn.utils.parametrize.register_parametrization,
-                     reference.registration.register_parametrization):
-        module = nn.Module()
-        if slot == "parameter":
-            module.register_parameter("t", nn.Parameter(torch.ones(2, 3)))
-        else:
-            module.register_buffer("t", torch.ones(2, 3))
-        try:
-            register(module, "t", _FlatUnlessParameter())
-            outcomes.append(None)
-        except ValueError as e:
-            outcomes.append(str(e))
+    outcomes = [_refusal(register, _one_slot_module(slot, torch.ones(2, 3), True),
+                         _FlatUnlessParameter())
+                for register in (torch.nn.utils.parametrize.register_parametrization,
+                                 reference.registration.register_parametrization)]
     assert outcomes[1] == outcomes[0] and (outcomes[0] is None) == (slot == "parameter")
