@@ -476,6 +476,82 @@ def test_a_refused_old_norm_swap_commits_nothing_before_a_later_fn_error():
     assert commits_before_raising(freed)  # the swap goes through, so the first call commits
 
 
+def _rnn_tree(shape: str) -> tuple[torch.nn.Module, bool]:
+    """A tree with an ``nn.RNN`` and whether ``_apply`` recurses into it: its flat weight tied
+    into another module met before the RNN (``tie-first``) or after it (``rnn-first``), held
+    by a root converted with ``recurse=False`` (``root-holds``), no tie at all (``untied``),
+    or the RNN alone as a root with ``recurse=False`` (``rnn-root``)."""
+    rnn, other = torch.nn.RNN(2, 2), torch.nn.Module()
+    if shape != "untied":
+        other.p0 = rnn.weight_ih_l0
+    if shape == "root-holds":
+        other.rnn = rnn
+        return other, False
+    if shape == "rnn-root":
+        return rnn, False
+    return torch.nn.Sequential(*((rnn, other) if shape == "rnn-first" else (other, rnn))), True
+
+
+def _torch_apply_error(module: torch.nn.Module, fn, recurse: bool, swap: bool):
+    """The error torch's ``_apply(fn, recurse)`` raises under the swap flag ``swap``, or None."""
+    saved = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(swap)
+    try:
+        module._apply(fn, recurse=recurse)
+    except Exception as e:
+        return e
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(saved)
+    return None
+
+
+@pytest.mark.parametrize("swap", [True, False])
+@pytest.mark.parametrize("shape", ["tie-first", "rnn-first", "root-holds", "untied", "rnn-root"])
+def test_a_refused_rnn_weight_swap_is_predicted_exactly_when_torch_refuses(shape, swap):
+    from swapspec.properties.declarations.torch_apply import rnn_weight_swapped_elsewhere
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import CONVERSIONS
+
+    double = next(c for c in CONVERSIONS if c.name == "double()")
+    module, recurse = _rnn_tree(shape)
+    example = Example(module, conversion=double, recurse=recurse,
+                      flags=FlagSetting(overwrite=False, swap=swap))
+    predicted = rnn_weight_swapped_elsewhere(example)
+    error = _torch_apply_error(_rnn_tree(shape)[0], double.make_fn(), recurse, swap)
+    assert predicted == (error is not None), (
+        f"{shape}, swap={swap}: the predicate says torch raises: {predicted}; torch raised {error!r}")
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7])
+@pytest.mark.parametrize("shape", ["tie-first", "rnn-first", "root-holds"])
+def test_a_refused_rnn_weight_swap_hides_fn_error_exactly_when_it_comes_first(shape, k):
+    """``raise_on(k)`` on the swap path: torch's own refusal comes out instead of fn's error
+    exactly when the predicate says so, and it commits something first exactly when
+    ``commits_before_raising`` says so."""
+    from swapspec.properties.declarations.torch_apply import (
+        commits_before_raising,
+        rnn_weight_refused_before_fn_raises,
+    )
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import raising_conversion
+
+    conversion = raising_conversion(k)
+    module, recurse = _rnn_tree(shape)
+    example = Example(module, conversion=conversion, recurse=recurse,
+                      flags=FlagSetting(overwrite=False, swap=True))
+    hidden, commits = rnn_weight_refused_before_fn_raises(example), commits_before_raising(example)
+    fresh = _rnn_tree(shape)[0]
+    before = {name: t.clone() for name, t in fresh.state_dict().items()}
+    error = _torch_apply_error(fresh, conversion.make_fn(), recurse, swap=True)
+    changed = any(not torch.equal(t, before[name]) for name, t in fresh.state_dict().items())
+    assert error is not None, f"{shape}, k={k}: torch raised nothing"
+    assert hidden == (type(error) is RuntimeError), (
+        f"{shape}, k={k}: predicted torch's own error: {hidden}; torch raised {error!r}")
+    assert commits == changed, f"{shape}, k={k}: predicted a commit: {commits}; changed: {changed}"
+
+
 def _torch_add_one_commits_before_refusing(module: torch.nn.Module, refused: str) -> bool:
     """Whether torch's swap-path ``_apply(t + 1)``, with ``refused`` held by a weak reference,
     raises and leaves some parameter converted."""

@@ -27,10 +27,12 @@ from swapspec.properties.declarations.torch_apply import (
              loses_tensor_hooks_unless_norm_raises,
              non_idempotent_twice,
              non_idempotent_twice_on_grads,
+             old_norm_refused_before_fn_raises,
              old_weight_norm_swapped,
              overwrite_splits_tied_parameters,
              rebinding_splits_tied_buffers,
              requires_grad_on_uninitialized,
+             rnn_weight_refused_before_fn_raises,
              rnn_weight_swapped_elsewhere,
              shared_grad_swapped,
              split_tie_shares_grad,
@@ -229,7 +231,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m.float()  # RuntimeError: _apply(): Couldn't swap Linear.weight_orig",
         id="torch.apply.old-weight-norm-swapped"),
     Deviation(
-        "APPLY-ATOMIC", old_weight_norm_swapped, "no-error", always=False, reason=
+        "APPLY-ATOMIC", old_norm_refused_before_fn_raises, "no-error", always=False, reason=
         "Where fn would raise on a later tensor, torch's _apply may first raise its own "
         "RuntimeError: with the old hook-based weight_norm (or spectral_norm) on the swap path, "
         "swap_tensors refuses weight_g/weight_v (see the `raised` declaration), so fn's error "
@@ -257,8 +259,23 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "reference exists, and swap_tensors refuses it (torch 2.13). Repro: "
         "rnn = nn.RNN(2, 2); o = nn.Module(); o.p0 = rnn.weight_ih_l0; "
         "torch.__future__.set_swap_module_params_on_conversion(True); "
-        "nn.Sequential(o, rnn).double()  # RuntimeError: _apply(): Couldn't swap Module.p0",
+        "nn.Sequential(o, rnn).double()  # RuntimeError: _apply(): Couldn't swap Module.p0. "
+        "The same with recurse=False on a root that holds a child RNN's weight: "
+        "o.rnn = rnn; o._apply(lambda t: t.double(), recurse=False)  # RuntimeError "
+        "(torch 2.9.0, 2.13.0 and 2.14.1)",
         id="torch.apply.rnn-weight-swapped-elsewhere"),
+    Deviation(
+        "APPLY-ATOMIC", rnn_weight_refused_before_fn_raises, "no-error", reason=
+        "Where fn would raise on a later tensor, torch's _apply first raises its own "
+        "RuntimeError at an RNN's flat weight tied into another module on the swap path (see "
+        "the `raised` declaration), so fn's error never comes out. Found by a random run "
+        "(default profile, seed 3946935559). Seen on torch 2.9.0, 2.13.0 and 2.14.1. Repro: "
+        "rnn = nn.RNN(2, 2); o = nn.Module(); o.p0 = rnn.weight_ih_l0; n = [0]; "
+        "def fn(t):\n n[0] += 1\n if n[0] == 2: raise ValueError\n return t + 1; "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "nn.Sequential(o, rnn)._apply(fn)  # RuntimeError: _apply(): Couldn't swap Module.p0, "
+        "not fn's ValueError",
+        id="torch.apply.rnn-weight-no-error"),
     Deviation(
         APPLY_IDS + XLA_APPLY_IDS, graph_grad_not_leaf, "raised",
         "After backward(create_graph=True) the grads carry a graph; where _apply replaces a grad "

@@ -172,17 +172,9 @@ def graph_grad_not_leaf(example: Example) -> bool:
 
 
 def rnn_weight_swapped_elsewhere(example: Example) -> bool:
-    """An RNN's flat weight is tied into a slot of another module, on the swap path: only the
-    RNN's own ``_apply`` drops its weak references to the flat weights (and ``_init_flat_weights``
-    makes them again), so where torch's traversal meets the weight in the other module,
-    ``swap_tensors`` refuses it."""
-    if not example.recurse:
-        return False
-    rnn_params = {id(p): m for m in _scope(example) if isinstance(m, nn.RNNBase)
-                  for p in m._parameters.values() if p is not None}
-    elsewhere = [p for m in _scope(example) for p in m._parameters.values()
-                 if p is not None and id(p) in rnn_params and m is not rnn_params[id(p)]]
-    return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, elsewhere))
+    """An RNN's flat weight is met on the swap path outside that RNN's own ``_apply``
+    (``rnn_weight_refusal_positions``): ``swap_tensors`` refuses it and ``_apply`` raises."""
+    return bool(rnn_weight_refusal_positions(example))
 
 
 def shared_grad_swapped(example: Example) -> bool:
@@ -448,22 +440,96 @@ def non_idempotent_twice_on_grads(example: Example) -> bool:
     return _converts_result_again(example, with_grad)
 
 
+def torch_call_sites(example: Example) -> list[tuple[tuple[nn.Module, ...], Tensor]]:
+    """Each call torch's ``_apply`` makes of ``fn``, in order, repeats included: the modules
+    whose ``_apply`` is running at that call (the root first, the module that owns the tensor
+    last) and the tensor (a parameter, its grad right after it, or a buffer)."""
+    sites: list[tuple[tuple[nn.Module, ...], Tensor]] = []
+
+    def walk(m: nn.Module, running: tuple[nn.Module, ...]) -> None:
+        running = (*running, m)
+        if example.recurse:
+            for child in m.children():
+                walk(child, running)
+        for p in m._parameters.values():
+            if p is not None:
+                sites.extend([(running, p)] + ([(running, p.grad)] if p.grad is not None else []))
+        sites.extend((running, b) for b in m._buffers.values() if b is not None)
+
+    walk(example.module, ())
+    return sites
+
+
 def torch_call_order(example: Example) -> list[Tensor]:
     """The tensors torch's ``_apply`` passes to ``fn``, in order, repeats included."""
-    order: list[Tensor] = []
+    return [t for _, t in torch_call_sites(example)]
 
-    def walk(m: nn.Module) -> None:
-        if example.recurse or m is example.module:
-            children = list(m.children()) if example.recurse else []
-            for child in children:
-                walk(child)
-            for p in m._parameters.values():
-                if p is not None:
-                    order.extend([p] + ([p.grad] if p.grad is not None else []))
-            order.extend(b for b in m._buffers.values() if b is not None)
 
-    walk(example.module)
-    return order
+def _rnn_weak_holders(example: Example) -> dict[int, list[nn.Module]]:
+    """The RNNs of the tree that hold a weak reference to each tensor (by id): an RNN keeps
+    one to each of its flat weights (``_flat_weight_refs``)."""
+    held: dict[int, list[nn.Module]] = {}
+    for m in {id(m): m for m in example.module.modules()}.values():
+        for ref in getattr(m, "_flat_weight_refs", []) if isinstance(m, nn.RNNBase) else []:
+            t = ref() if ref is not None else None
+            if t is not None:
+                held.setdefault(id(t), []).append(m)
+    return held
+
+
+def rnn_weight_refusal_positions(example: Example) -> list[int]:
+    """The calls (indices into ``torch_call_sites``) after which ``swap_tensors`` refuses an
+    RNN's flat weight and ``_apply`` raises: a parameter on the swap path that an RNN whose own
+    ``_apply`` is not running holds a weak reference to (``RNNBase._apply`` drops its
+    references only around its own conversion, and ``swap_tensors`` refuses a tensor with
+    one). That is a flat weight tied into another module, or any parameter of a root
+    converted with ``recurse=False`` that a child RNN holds."""
+    held = _rnn_weak_holders(example)
+    positions = []
+    for i, (running, t) in enumerate(torch_call_sites(example)):
+        holders = held.get(id(t), [])
+        in_slot = any(t is p for p in running[-1]._parameters.values())
+        if in_slot and any(all(h is not r for r in running) for h in holders) and any(
+                torch_path(example, t, applied) == "swap" for t, applied in _results(example, [t])):
+            positions.append(i)
+    return positions
+
+
+def swap_refusal_positions(example: Example) -> list[int]:
+    """The calls (indices into ``torch_call_sites``) after which ``swap_tensors`` refuses the
+    tensor, and ``_apply`` raises its own RuntimeError, whatever ``fn`` does later: a tensor an
+    old-style reparametrization holds (``old_norm_refusals``; only sometimes, see there) or an
+    RNN's flat weight outside its RNN (``rnn_weight_refusal_positions``)."""
+    old = {id(t) for t in old_norm_refusals(example)}
+    old_positions = [i for i, t in enumerate(torch_call_order(example)) if id(t) in old]
+    return sorted({*old_positions, *rnn_weight_refusal_positions(example)})
+
+
+def _first_uninitialized_call(example: Example) -> int:
+    """The index of torch's first call on an uninitialized parameter (``t + 1`` raises there),
+    or the number of calls."""
+    order = torch_call_order(example)
+    return next((i for i, t in enumerate(order) if is_uninitialized(t)), len(order))
+
+
+def _refused_before_fn_raises(example: Example, positions: list[int]) -> bool:
+    """A refused swap at one of ``positions`` comes before the call on which the raising ``fn``
+    raises (``raise_on(k)``: call k; ``t + 1``: at once on an uninitialized parameter), so
+    torch's own RuntimeError comes out of ``_apply``, not ``fn``'s error."""
+    raising = min(example.conversion.raises_on - 1, _first_uninitialized_call(example))
+    return any(i < raising for i in positions)
+
+
+def old_norm_refused_before_fn_raises(example: Example) -> bool:
+    """``_refused_before_fn_raises`` at a tensor an old-style norm holds."""
+    old = {id(t) for t in old_norm_refusals(example)}
+    return _refused_before_fn_raises(
+        example, [i for i, t in enumerate(torch_call_order(example)) if id(t) in old])
+
+
+def rnn_weight_refused_before_fn_raises(example: Example) -> bool:
+    """``_refused_before_fn_raises`` at an RNN's flat weight outside its RNN."""
+    return _refused_before_fn_raises(example, rnn_weight_refusal_positions(example))
 
 
 def commits_before_raising(example: Example) -> bool:
@@ -471,14 +537,12 @@ def commits_before_raising(example: Example) -> bool:
 
     ``raise_on(k)`` raises on call k, and ``t + 1`` raises at once on an uninitialized
     parameter; ``_apply`` commits each tensor right after its call, and raises its own error
-    right after the call on a tensor ``swap_tensors`` refuses (``old_norm_refusals``). A raise
+    right after the call on a tensor ``swap_tensors`` refuses (``swap_refusal_positions``). A raise
     on a grad whose parameter was swapped shows too: that grad is left None.
     """
     k = example.conversion.raises_on
     order = torch_call_order(example)
-    refused = {id(t) for t in old_norm_refusals(example)}
-    first_failure = next((i for i, t in enumerate(order)
-                          if is_uninitialized(t) or id(t) in refused), len(order))
+    first_failure = min([_first_uninitialized_call(example), *swap_refusal_positions(example)])
     committed = _results(example, order[:min(k - 1, first_failure)])
     return ((k - 1 < first_failure and _raises_on_swapped_grad(example, order, committed, k - 1))
             or _any_commit_shows(example, committed))
@@ -553,21 +617,24 @@ def swaps_unseen_before_refused_swap(example: Example) -> bool:
 def _grad_refused_first(example: Example) -> bool:
     """The first refused swap is the drawn grad's: torch set its parameter's grad to None
     before it tried, and leaves it so (whatever ``fn`` returned)."""
-    refused = example.refused_tensor()
+    first = torch_call_order(example)[_first_refusal(example)]
+    return example.refused.endswith(".grad") and first is example.refused_tensor()
+
+
+def _first_refusal(example: Example) -> int:
+    """The index of the first call after which a swap is refused: the drawn refused tensor's,
+    or one torch refuses on its own (``swap_refusal_positions``)."""
+    drawn = id(example.refused_tensor())
     order = torch_call_order(example)
-    first = next(t for t in order if id(t) in {id(refused)} | {
-        id(r) for r in old_norm_refusals(example)})
-    return example.refused.endswith(".grad") and first is refused
+    return min([i for i, t in enumerate(order) if id(t) == drawn]
+               + swap_refusal_positions(example))
 
 
 def _before_refusal(example: Example) -> list[tuple[Tensor, Any]]:
     """(tensor, fn's result) for each tensor torch converts before the first refused swap, or
     before a ``Parameter`` subclass ``fn`` returns unchanged off the set_data path (where
     ``Parameter()`` refuses it first: ``swap_refuses_subclass``)."""
-    refused = {id(example.refused_tensor())} | {id(t) for t in old_norm_refusals(example)}
-    order = torch_call_order(example)
-    first = next(i for i, t in enumerate(order) if id(t) in refused)
-    results = _results(example, order[:first])
+    results = _results(example, torch_call_order(example)[:_first_refusal(example)])
     cut = next((i for i, (t, applied) in enumerate(results)
                 if _subclass_refused(example, t, applied)), len(results))
     return results[:cut]
@@ -576,10 +643,7 @@ def _before_refusal(example: Example) -> list[tuple[Tensor, Any]]:
 def _reaches_refusal(example: Example) -> bool:
     """Whether torch gets to the first refused swap: ``fn`` returns on every tensor before it,
     and no ``Parameter`` subclass refusal comes first."""
-    refused = {id(example.refused_tensor())} | {id(t) for t in old_norm_refusals(example)}
-    order = torch_call_order(example)
-    first = next(i for i, t in enumerate(order) if id(t) in refused)
-    return len(_before_refusal(example)) == first
+    return len(_before_refusal(example)) == _first_refusal(example)
 
 
 def _subclass_refused(example: Example, p: Tensor, applied: Any) -> bool:
