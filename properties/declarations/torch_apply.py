@@ -485,24 +485,32 @@ def rnn_weight_refusal_positions(example: Example) -> list[int]:
     one). That is a flat weight tied into another module, or any parameter of a root
     converted with ``recurse=False`` that a child RNN holds."""
     held = _rnn_weak_holders(example)
-    positions = []
-    for i, (running, t) in enumerate(torch_call_sites(example)):
-        holders = held.get(id(t), [])
-        in_slot = any(t is p for p in running[-1]._parameters.values())
-        if in_slot and any(all(h is not r for r in running) for h in holders) and any(
-                torch_path(example, t, applied) == "swap" for t, applied in _results(example, [t])):
-            positions.append(i)
-    return positions
+    return [i for i, (running, t) in enumerate(torch_call_sites(example))
+            if any(t is p for p in running[-1]._parameters.values())
+            and any(all(h is not r for r in running) for h in held.get(id(t), []))
+            and _takes_swap_path(example, t)]
+
+
+def _takes_swap_path(example: Example, param: Tensor) -> bool:
+    """Whether torch's ``_apply`` swaps ``param`` (``torch_path`` of a fresh ``fn``'s result)."""
+    return any(torch_path(example, param, applied) == "swap"
+               for _, applied in _results(example, [param]))
+
+
+def old_norm_refusal_positions(example: Example) -> list[int]:
+    """The calls (indices into ``torch_call_sites``) on the tensors ``old_norm_refusals``
+    names."""
+    refused = {id(t) for t in old_norm_refusals(example)}
+    return [i for i, t in enumerate(torch_call_order(example)) if id(t) in refused]
 
 
 def swap_refusal_positions(example: Example) -> list[int]:
     """The calls (indices into ``torch_call_sites``) after which ``swap_tensors`` refuses the
     tensor, and ``_apply`` raises its own RuntimeError, whatever ``fn`` does later: a tensor an
-    old-style reparametrization holds (``old_norm_refusals``; only sometimes, see there) or an
-    RNN's flat weight outside its RNN (``rnn_weight_refusal_positions``)."""
-    old = {id(t) for t in old_norm_refusals(example)}
-    old_positions = [i for i, t in enumerate(torch_call_order(example)) if id(t) in old]
-    return sorted({*old_positions, *rnn_weight_refusal_positions(example)})
+    old-style reparametrization holds (``old_norm_refusal_positions``; only sometimes, see
+    ``old_norm_refusals``) or an RNN's flat weight outside its RNN
+    (``rnn_weight_refusal_positions``)."""
+    return sorted({*old_norm_refusal_positions(example), *rnn_weight_refusal_positions(example)})
 
 
 def _first_uninitialized_call(example: Example) -> int:
@@ -522,9 +530,7 @@ def _refused_before_fn_raises(example: Example, positions: list[int]) -> bool:
 
 def old_norm_refused_before_fn_raises(example: Example) -> bool:
     """``_refused_before_fn_raises`` at a tensor an old-style norm holds."""
-    old = {id(t) for t in old_norm_refusals(example)}
-    return _refused_before_fn_raises(
-        example, [i for i, t in enumerate(torch_call_order(example)) if id(t) in old])
+    return _refused_before_fn_raises(example, old_norm_refusal_positions(example))
 
 
 def rnn_weight_refused_before_fn_raises(example: Example) -> bool:
