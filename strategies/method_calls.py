@@ -23,7 +23,7 @@ so the repro and the behaviour cannot drift apart), of one of three kinds:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -109,6 +109,16 @@ _META = {"preserves_values": False, "changes_impl": True, "device": "meta",
 _LAZY = {"lazy_safe": True}
 
 
+def five_dimensional(t: torch.Tensor) -> bool:
+    """A 5-D tensor: ``to(memory_format=torch.channels_last)`` converts it and torch refuses it
+    (``required rank 4 tensor``), so that conversion may raise on it."""
+    return t.dim() == 5
+
+
+def _channels_last(contract: Contract) -> Contract:
+    return replace(contract, raises=five_dimensional)
+
+
 def _with(options: dict, contract: Contract) -> dict:
     return {**options, "contract": contract}
 
@@ -135,10 +145,10 @@ CONVERSION_FORMS: tuple[tuple[MethodCall, str, dict], ...] = (
     (MethodCall("to", "torch.empty(0, dtype=torch.float16, device='meta'), non_blocking=True"),
      _to_fn("meta", "torch.float16", True), _with(_META, _cast(torch.float16, device="meta"))),
     (MethodCall("to", "memory_format=torch.channels_last"),
-     _to_fn(None, None, memory_format="torch.channels_last"), {"contract": _KEEP}),
+     _to_fn(None, None, memory_format="torch.channels_last"), {"contract": _channels_last(_KEEP)}),
     (MethodCall("to", "torch.float64, memory_format=torch.channels_last"),
      _to_fn(None, "torch.float64", memory_format="torch.channels_last"),
-     {"contract": _cast(torch.float64)}),
+     {"contract": _channels_last(_cast(torch.float64))}),
     (MethodCall("to_empty", "device='cpu'"), "lambda t: torch.empty_like(t, device='cpu')",
      {"preserves_values": False, "contract": _EMPTY_CPU}),
     (MethodCall("to_empty", "device='meta', recurse=True"),
