@@ -6,6 +6,7 @@ place, named in the docstring of ``functional_call``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,11 @@ def functional_call(
        class, and the module's own tensors stay where they are: nothing is converted. A
        module built on ``meta`` runs on real values given for every name (and on ``meta``
        values with a ``meta`` input); a ``TwoTensor`` or ``DTensor`` parameter is replaced by
-       the given object, which forward reads as it is.
+       the given object, which forward reads as it is. A module of the RNN family runs on
+       its flat weights (``_flat_weights``), a list of its weight tensors: when the call
+       fills one of them, the list is read from its slots again (``_reread_flat_weights``),
+       so forward runs on the given values, ``None`` included, and, after the restore, on the
+       module's own.
     7. Restoring (``_restore``): afterwards, whether forward returned or raised, every slot
        holds the object it held before and no temporary attribute remains.
     8. Write-back (``_write_back``): a slot that forward rebound is written into the
@@ -96,10 +101,12 @@ def functional_call(
     call = prepare_call(module, tensors, args, kwargs, tie_weights=tie_weights, strict=strict)
     originals = _swap_in(call.slots)
     try:
+        _reread_flat_weights(call.slots)
         return module(*call.args, **call.kwargs)
     finally:
         rebound = _restore(call.slots, originals)
         _write_back(rebound, call.slots, call.given, call.sources)
+        _reread_flat_weights(call.slots)
 
 
 @dataclass
@@ -299,6 +306,19 @@ def _kind(owner: nn.Module, key: str) -> str:
 def _swap_in(slots: list[_Slot]) -> list[Any]:
     """Rule 6: put each value straight into its slot; return what each slot held."""
     return [_put(slot, slot.value) for slot in slots]
+
+
+def _reread_flat_weights(slots: list[_Slot]) -> None:
+    """Rule 6: every RNN that holds one of ``slots`` among its flat weights reads its
+    ``_flat_weights`` (and their weak references, which its forward compares) from its slots.
+
+    They are not flattened into one buffer (``flatten_parameters``): that would move the
+    caller's tensors, or the module's own, into new storage."""
+    rnns = {id(slot.module): slot.module for slot in slots
+            if isinstance(slot.module, nn.RNNBase) and slot.key in slot.module._flat_weights_names}
+    for rnn in rnns.values():
+        rnn._flat_weights = [getattr(rnn, name, None) for name in rnn._flat_weights_names]
+        rnn._flat_weight_refs = [None if w is None else weakref.ref(w) for w in rnn._flat_weights]
 
 
 def _put(slot: _Slot, value: Any) -> Any:

@@ -1245,3 +1245,37 @@ def test_a_hook_registered_after_a_swapping_load_is_not_held_to_the_model(hooked
     model.deepcopied()  # new objects take new hooks
     model.add_hooks(model.slots["weight"], "h2")
     assert all(hook.checked for hook in model.hooks if hook.key.startswith("h2"))
+
+
+@pytest.mark.parametrize("another_weight", [False, True])
+@pytest.mark.parametrize("later_raises", [False, True])
+def test_an_ignored_none_rnn_weight_hides_forward_error_exactly_when_predicted(
+        later_raises, another_weight):
+    """torch's RNN runs on the weight a ``None`` took out (``rnn_ignores_a_none_weight``), so a
+    later layer's error comes out instead of the spec's ``TypeError``: predicted exactly where
+    torch raises that other error."""
+    from swapspec.properties.declarations.torch_functional_call import (
+        rnn_none_weight_hides_forward_error,
+    )
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import build_tree
+    from swapspec.strategies.calls import CallInput
+    from swapspec.strategies.modules import ForwardError
+    from swapspec.strategies.trees import ContainerSpec, LeafSpec, TensorSpec, TreeSpec
+
+    spec = TreeSpec(root=ContainerSpec(children=(
+        LeafSpec(kind="catalogue", entry="nn.RNN"),
+        LeafSpec(tensors=(TensorSpec(name="p0"),), behaviours=("raise",)))))
+    module = build_tree(spec)
+    tensors = {"0.inner.weight_hh_l0": None}
+    if another_weight:
+        tensors["0.inner.weight_ih_l0"] = torch.ones_like(module[0].inner.weight_ih_l0)
+    call = CallInput(tensors, (torch.zeros(2, 4),), {"fail": True} if later_raises else {})
+    predicted = rnn_none_weight_hides_forward_error(Example(module, call=call))
+    raised = None
+    try:
+        torch.func.functional_call(module, dict(tensors), call.args, call.kwargs)
+    except (TypeError, ForwardError) as e:
+        raised = type(e)
+    assert predicted == (raised is ForwardError)
+    assert raised is (TypeError if another_weight else ForwardError if later_raises else None)

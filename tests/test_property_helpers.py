@@ -179,6 +179,22 @@ def test_the_copy_leaves_the_module_and_the_given_tensors_alone():
     assert same_values(fresh, torch.full((1,), 0.5))
 
 
+@pytest.mark.parametrize("given", ["none", "zeros"])
+def test_an_rnn_of_the_copy_runs_on_what_was_loaded_into_its_slots(given):
+    """The copy's RNN reads its flat weights from its slots after loading: ``None`` makes its
+    forward raise, a zero recurrent weight is the weight it runs on (a fresh build's RNN
+    would otherwise run on the weights it was built with)."""
+    module = build_tree(TreeSpec(root=ContainerSpec(children=(
+        LeafSpec(kind="catalogue", entry="nn.RNN"),))))
+    value = None if given == "none" else torch.zeros_like(module[0].inner.weight_hh_l0)
+    c = call({"0.inner.weight_hh_l0": value})
+    copy, _ = loaded_copy(module, filled_of(module, c), c)
+    rnn = copy[0].inner
+    assert rnn._flat_weights[rnn._flat_weights_names.index("weight_hh_l0")] is rnn.weight_hh_l0
+    want = copy_outcome(module, filled_of(module, c), c)
+    assert (type(want.error) is TypeError) == (given == "none")
+
+
 def test_the_copy_judges_own_tensors_by_the_module_before_the_call():
     """A target that left a given tensor in a slot (no restore) must not make it the module's
     own: with ``own`` the names the module held before, the copy gets a clone of it."""

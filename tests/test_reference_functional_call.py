@@ -663,3 +663,43 @@ def test_a_value_for_a_lazy_modules_uninitialized_buffer_is_refused(value):
     with pytest.raises(ValueError, match="'running_mean'"):
         reference.functional_call(module, {"running_mean": value}, (torch.ones(2, 3),))
     assert module.running_mean is mean and type(module) is nn.LazyBatchNorm1d
+
+
+def _rnn_with_stale_weight_refs() -> nn.RNN:
+    """An RNN whose weight was rebound by ``setattr``: its ``_flat_weights`` follow, the weak
+    references its forward compares (``_flat_weight_refs``) still point at the old weight."""
+    rnn = nn.RNN(2, 2, bias=False)
+    rnn.weight_hh_l0 = nn.Parameter(torch.ones(2, 2))
+    return rnn
+
+
+def _reads_its_parameters(rnn: nn.RNNBase) -> bool:
+    """Each flat weight, and each weak reference to one, is the parameter of its name."""
+    params = [getattr(rnn, n) for n in rnn._flat_weights_names]
+    return (all(w is p for w, p in zip(rnn._flat_weights, params, strict=True))
+            and all(r() is p for r, p in zip(rnn._flat_weight_refs, params, strict=True)))
+
+
+def test_an_rnn_runs_on_a_none_weight_given_to_it():
+    """``None`` for an RNN weight reaches its forward, which cannot run without it (torch's
+    forward keeps the weight the call took out when no other weight changed)."""
+    rnn, x = nn.RNN(2, 2, bias=False), torch.zeros(3, 2)
+    entered = []
+    rnn.register_forward_pre_hook(lambda m, a: entered.append(True))
+    with pytest.raises(TypeError, match="NoneType"):
+        reference.functional_call(rnn, {"weight_hh_l0": None}, (x,))
+    assert entered, "the call raised before forward"
+    assert _reads_its_parameters(rnn), "after the call the RNN does not read its own weights"
+
+
+def test_an_rnn_runs_on_the_given_weight_and_reads_its_own_after():
+    """Rule 6: forward runs on the given weight and the others; afterwards the RNN reads its
+    own weights again, the references its forward compares included."""
+    rnn, x = _rnn_with_stale_weight_refs(), torch.ones(3, 2)
+    given = torch.zeros(2, 2)
+    seen = []
+    rnn.register_forward_pre_hook(lambda m, a: seen.append(list(m._flat_weights)))
+    out = reference.functional_call(rnn, {"weight_ih_l0": given}, (x,))
+    assert seen[0][0] is given and seen[0][1] is rnn.weight_hh_l0
+    assert torch.equal(out[0], torch.zeros(3, 2)), "forward did not run on the given zero weight"
+    assert _reads_its_parameters(rnn), "after the call the RNN does not read its own weights"

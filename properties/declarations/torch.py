@@ -56,6 +56,7 @@ from swapspec.properties.declarations.torch_functional_call import (
              reparametrizing_name_given,
              restore_sets_wrapper_into_plain,
              rnn_ignores_a_none_weight,
+             rnn_none_weight_hides_forward_error,
              shared_slot_write_back_wrong,
              slot_conflict_ignored,
              swap_refused_by_graph_grads,
@@ -565,6 +566,20 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.func.functional_call(rnn, {'weight_hh_l1': None}, (torch.zeros(2, 4),)) "
         "returns an output; rnn.weight_hh_l1 = None; rnn(torch.zeros(2, 4)) raises TypeError",
         id="torch.fc.rnn-ignores-a-none-weight"),
+    Deviation(
+        ("FC-VISIBLE", "FC-TIES", "FC-STRICT"), rnn_none_weight_hides_forward_error, "raised",
+        reason=
+        "An RNN's forward re-reads its weights only where RNNBase._weights_have_changed sees a "
+        "changed one, and it skips None: a functional call that gives None to an RNN weight "
+        "(and changes no other) runs the RNN on the weight it took out, so a later layer's "
+        "error comes out where the spec's module raises TypeError at the RNN. Repro: "
+        "class M(nn.Module):\n def __init__(s): super().__init__(); s.rnn = nn.RNN(4, 4); "
+        "s.lin = nn.Linear(4, 4)\n def forward(s, x): return s.lin(s.rnn(x)[0]); m = M(); "
+        "torch.func.functional_call(m, {'rnn.weight_hh_l0': None, 'lin.weight': "
+        "torch.zeros(3, 3)}, (torch.zeros(2, 4),)) raises RuntimeError (the Linear's shapes); "
+        "m.rnn.weight_hh_l0 = None; m.lin.weight = nn.Parameter(torch.zeros(3, 3)); "
+        "m(torch.zeros(2, 4)) raises TypeError at the RNN",
+        id="torch.fc.rnn-none-weight-hides-forward-error"),
     Deviation(
         "FC-WRITE-BACK", tuple_rebind_lost, "rebind-lost",
         "torch.func.functional_call merges a tuple of dicts into a new dict, so a buffer "

@@ -144,7 +144,8 @@ def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any,
     slots that hold it, and sees forward's in-place updates through them); every other filled
     object gets one clone, shared by every name filled with it. ``own`` is the module's
     ``named_tensors`` before the call (default: now; after a call that did not restore the
-    module, pass what it held before).
+    module, pass what it held before). Every RNN of the copy runs on what its slots hold
+    (``reread_flat_weights``).
     """
     copy = tree_info(module).build()
     counterparts = own_counterparts(named_tensors(module) if own is None else own, copy)
@@ -153,7 +154,16 @@ def loaded_copy(module: nn.Module, filled: dict[str, Any], call: Any,
     for name, value in filled.items():
         owner, key = owner_of(copy, name)
         load_into(owner, key, stand_ins[id(value)])
+    reread_flat_weights(copy)
     return copy, fresh_kwargs(call)
+
+
+def reread_flat_weights(module: nn.Module) -> None:
+    """Every RNN of ``module`` reads its flat weights, the list its forward runs on, from its
+    slots again: a value loaded straight into a slot, ``None`` included, is what it runs on."""
+    for m in module.modules():
+        if isinstance(m, nn.RNNBase):
+            m._init_flat_weights()
 
 
 def own_counterparts(mine: dict[str, Tensor], copy: nn.Module) -> dict[int, Tensor]:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
 from swapspec.properties.harness.repro import script_repro
+from swapspec.properties.models.call_state import reread_flat_weights
 from swapspec.properties.models.examples import (
     Example,
     add_one_,
@@ -214,9 +215,7 @@ def _flat_weights_are_parameters(rnn: nn.RNNBase) -> bool:
 def _reread(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` whose RNNs read their flat weights from their parameters again."""
     twin = copy.deepcopy(module)
-    for m in twin.modules():
-        if isinstance(m, nn.RNNBase):
-            m._init_flat_weights()
+    reread_flat_weights(twin)
     return twin
 
 
