@@ -703,3 +703,28 @@ def test_an_rnn_runs_on_the_given_weight_and_reads_its_own_after():
     assert seen[0][0] is given and seen[0][1] is rnn.weight_hh_l0
     assert torch.equal(out[0], torch.zeros(3, 2)), "forward did not run on the given zero weight"
     assert _reads_its_parameters(rnn), "after the call the RNN does not read its own weights"
+
+
+def test_every_rnn_a_call_fills_reads_its_own_weights_after():
+    """Rule 6: each RNN the call reaches is re-read, not only one of them."""
+    class TwoRNNs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = nn.RNN(2, 2), nn.RNN(2, 2)
+
+        def forward(self, x):
+            return self.second(self.first(x)[0])[0]
+
+    module = TwoRNNs()
+    given = {"first.weight_ih_l0": torch.zeros(2, 2), "second.weight_ih_l0": torch.zeros(2, 2)}
+    reference.functional_call(module, given, (torch.ones(3, 2),))
+    assert _reads_its_parameters(module.first) and _reads_its_parameters(module.second)
+
+
+def test_an_rnn_without_one_of_its_weights_reads_none_for_it():
+    """Rule 6: a flat weight the RNN no longer has (deleted) reads as ``None``, as torch's
+    ``_init_flat_weights`` reads it, so forward raises torch's ``TypeError``."""
+    rnn = nn.RNN(2, 2)
+    del rnn.bias_hh_l0
+    with pytest.raises(TypeError, match="NoneType"):
+        reference.functional_call(rnn, {"weight_hh_l0": torch.zeros(2, 2)}, (torch.ones(3, 2),))
