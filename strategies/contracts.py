@@ -9,7 +9,8 @@ suite judges a conversion by what it promises, not by what its own function retu
   (kept); ``device`` the result's device type (``"meta"``), or None (kept); ``cls`` the result's
   class (a subclass of it qualifies), or None (the input's class, as ``type(t)`` says);
 * ``values``: whether values survive; if so, within ``atol`` (a number, or a function of the
-  input) and ``rtol`` (None: the rounding of the result's dtype, half an ulp), read through
+  input) and ``rtol`` (None: the rounding of the result's dtype, half an ulp relative to the
+  value and, below its smallest normal, half the spacing of its subnormals), read through
   ``dequantize`` (the library's own map of the result to a plain tensor) where given. A
   complex input converted to a real dtype keeps its real part, as torch's casts do;
 * ``raises(t)``: the inputs it may refuse (default: none). A conversion that raises on a tensor
@@ -99,12 +100,20 @@ class Contract:
         got, want = self.plain(after), plain_values(before)
         if got is None or want is None:
             return []  # no values to read: meta, fake, or a subclass without a dequantization
-        atol = self.atol(before) if callable(self.atol) else self.atol
-        rtol = rounding(after.dtype) if self.rtol is None else self.rtol
+        atol, rtol = self.tolerance(before, after)
         if close(got, want, atol, rtol):
             return []
-        return [f"values off by {_max_error(got, want)} (tolerance atol={atol:.3g}, "
-                f"rtol={rtol:.3g})"]
+        return [f"values off by {_worst_error(got, want, atol, rtol)} (tolerance "
+                f"atol={atol:.3g}, rtol={rtol:.3g})"]
+
+    def tolerance(self, before: Tensor, after: Tensor) -> tuple[float, float]:
+        """``(atol, rtol)`` for ``after``'s values against ``before``'s: the contract's own, and
+        with ``rtol`` None the rounding of ``after``'s dtype (``rounding``, ``subnormal_rounding``
+        added to ``atol``)."""
+        atol = self.atol(before) if callable(self.atol) else self.atol
+        if self.rtol is not None:
+            return atol, self.rtol
+        return atol + subnormal_rounding(after.dtype), rounding(after.dtype)
 
     def plain(self, t: Tensor) -> Tensor | None:
         """``t``'s values as a plain tensor, through ``dequantize`` where given."""
@@ -162,6 +171,16 @@ def rounding(dtype: torch.dtype) -> float:
     return 0.0
 
 
+def subnormal_rounding(dtype: torch.dtype) -> float:
+    """Half the spacing of ``dtype``'s subnormals: the absolute error of rounding a value below
+    its smallest normal, where half an ulp relative to the value no longer bounds it (0 for exact
+    dtypes)."""
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return 0.0
+    info = torch.finfo(dtype if dtype.is_floating_point else dtype.to_real())
+    return info.smallest_normal * info.eps / 2
+
+
 def close(got: Tensor, want: Tensor, atol: float, rtol: float) -> bool:
     """Equal shapes and values within ``atol + rtol * |want|``, NaNs equal (a complex ``want``
     against a real ``got``: its real part)."""
@@ -177,12 +196,20 @@ def close(got: Tensor, want: Tensor, atol: float, rtol: float) -> bool:
     return bool((near | same_inf | both_nan).all())
 
 
-def _max_error(got: Tensor, want: Tensor) -> str:
+def _worst_error(got: Tensor, want: Tensor, atol: float, rtol: float) -> str:
+    """The element furthest past its tolerance: its error, index, and both values."""
     if want.is_complex() and not got.is_complex():
         want = want.real
     wide = torch.complex128 if got.is_complex() or want.is_complex() else torch.float64
-    diff = (got.to(wide) - want.to(wide)).abs()
-    return f"{diff.max().item():.3g}" if diff.numel() else "0"
+    got, want = got.to(wide).reshape(-1), want.to(wide).reshape(-1)
+    if got.shape != want.shape or not got.numel():
+        return "a shape change" if got.shape != want.shape else "0"
+    error = (got - want).abs()
+    excess = torch.nan_to_num(error - atol - rtol * want.abs(), nan=float("inf"))
+    excess[(got.isnan() & want.isnan()) | (got == want)] = -float("inf")
+    i = int(excess.argmax())
+    return (f"{error[i].item():.3g} at flat index {i} (got {got[i].item():.6g}, "
+            f"want {want[i].item():.6g})")
 
 
 def raising_allowed(contract: Contract | None, tensors: list[Tensor]) -> bool:

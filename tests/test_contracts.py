@@ -46,6 +46,18 @@ def test_half_s_contract_holds_for_half_and_not_for_a_wrong_dtype_or_values():
     assert HALF.problems(ints, ints.double()) == ["dtype torch.float64, want torch.int64"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_value_below_the_dtype_s_smallest_normal_may_round_to_its_subnormal_grid(dtype):
+    info = torch.finfo(dtype)
+    step = info.smallest_normal * info.eps  # the spacing of dtype's subnormals
+    t = torch.tensor([0.5, 2.3 * step, 1000.7 * step], dtype=torch.float64)
+    contract = Contract("dtype", dtype=dtype)
+    assert contract.problems(t, t.to(dtype)) == []
+    off = t.to(dtype) + torch.tensor([0.0, step, 0.0], dtype=torch.float64).to(dtype)
+    problem, = contract.problems(t, off)
+    assert "at flat index 1" in problem, problem
+
+
 def test_to_meta_s_contract_asks_for_meta_and_no_values():
     t = torch.ones(2, 2)
     assert TO_META.problems(t, t.to("meta")) == []

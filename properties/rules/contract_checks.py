@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.models.examples import holds_values, named_tensors, value_copy
-from swapspec.strategies.contracts import Contract, plain_values, rounding, tensor_class
+from swapspec.strategies.contracts import Contract, plain_values, tensor_class
 
 
 def before_copies(module: nn.Module) -> dict[str, Tensor]:
@@ -67,8 +67,7 @@ def _values_code(var: str, before: Tensor, after: Tensor, contract: Contract) ->
     dequantize = _importable(contract.dequantize) if contract.dequantize is not None else ""
     if want is None or want.is_complex() or bool(want.isnan().any()) or dequantize is None:
         return None
-    atol = contract.atol(before) if callable(contract.atol) else contract.atol
-    rtol = rounding(after.dtype) if contract.rtol is None else contract.rtol
+    atol, rtol = contract.tolerance(before, after)
     got = f"{dequantize}({var})" if dequantize else var
     return (f"bool(((torch.as_tensor({got}.detach()).double().cpu() - torch.tensor("
             f"{want.double().tolist()!r}, dtype=torch.float64)).abs() <= {atol!r} + {rtol!r} * "
