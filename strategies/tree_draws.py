@@ -135,7 +135,7 @@ def tree_specs(
         root = with_trainable(root, {slot for tie in tie_specs for slot in tie.slots[1:]})
     training = not coin(draw, 25)
     trained = draw_trained(draw, root, training_chance,
-                       "leaf-grads" in o.needs or "swappable" in o.needs)
+                           "leaf-grads" in o.needs or "swappable" in o.needs, tie_specs)
     world = "" if trained else world  # a trained tree's grads come from a real backward
     unknown = sorted(set(wrappers) - set(WRAPPERS))
     if unknown:
@@ -199,7 +199,8 @@ def module_trees(
       kinds that may be drawn (default all of ``strategies.decorations.KINDS``).
     * ``training_chance``: percent of trees (default 20) built with one real ``backward()`` at the
       end (real grads; sparse ones for ``SparseEmbedding``; half of them with ``create_graph=True``).
-      Trees with an uninitialized ``LazyLinear`` are never trained (forward would materialize it).
+      Trees with an uninitialized ``LazyLinear`` are never trained (forward would materialize it),
+      nor trees that tie a norm layer's running statistic (its backward may find it updated).
     * ``catalogue``: allow leaves that wrap a real module from torch's ``module_db``
       (:class:`~strategies.torch_modules.CatalogueLeaf`; as the root, or anywhere in a tree, where ties and
       shares can reach them), each leaf one with ``catalogue_chance`` percent (default 7). Needs float32 in

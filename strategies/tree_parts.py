@@ -242,12 +242,21 @@ def draw_decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[Tie
     return tuple(out)
 
 
+# Buffers a norm layer's training forward updates in place. Tied between two layers, the second
+# update can bump a version the first one's backward checks (an ``nn.InstanceNorm`` after an
+# ``nn.BatchNorm`` holding one ``running_mean``): such a tree has no training step to run.
+RUNNING_STATISTICS = ("running_mean", "running_var")
+
+
 def draw_trained(draw: Draw, root: LeafSpec | ContainerSpec, chance: int,
-                 leaf_grads: bool = False) -> str:
-    """``''`` or one of ``TRAININGS`` (``leaf_grads``: not ``create_graph``); shrinks to ``''``."""
+                 leaf_grads: bool = False, ties: Sequence[TieSpec] = ()) -> str:
+    """``''`` or one of ``TRAININGS`` (``leaf_grads``: not ``create_graph``); shrinks to ``''``.
+    Always ``''`` for a tree with an uninitialized ``LazyLinear`` (forward would materialize it)
+    or a tie of a running statistic (``RUNNING_STATISTICS``)."""
     lazy = any(isinstance(n, LeafSpec) and n.kind == "LazyLinear" and not n.initialized
                for _, _, n in walk(root))
-    if lazy or not coin(draw, chance):
+    tied_statistic = any(name in RUNNING_STATISTICS for tie in ties for _, name in tie.slots)
+    if lazy or tied_statistic or not coin(draw, chance):
         return ""
     return draw(st.sampled_from([t for t in TRAININGS
                                  if not (leaf_grads and t == "backward-create-graph")]))

@@ -526,3 +526,26 @@ def test_bad_calls_give_a_lazy_modules_uninitialized_tensor_a_value_where_there_
     with pytest.raises(NoSuchExample):
         find(call_inputs(module, invalid=True, invalid_chance=100),
              lambda c: c.invalid == "uninitialized-value", settings=settings(database=None, max_examples=200))
+
+
+@given(data=st.data())
+def test_a_tree_that_ties_a_running_statistic_is_never_trained(data):
+    from swapspec.strategies.tree_parts import draw_trained
+    from swapspec.strategies.tree_spec import LeafSpec, TieSpec
+
+    root = LeafSpec(kind="catalogue", entry="nn.BatchNorm2d")
+    stat = data.draw(st.sampled_from(["running_mean", "running_var"]))
+    tie = TieSpec(slots=(("0.inner", stat), ("1.inner", stat)))
+    assert draw_trained(data.draw, root, 100, ties=(tie,)) == ""
+    other = TieSpec(slots=(("0.inner", "weight"), ("0.inner", "bias")))
+    assert draw_trained(data.draw, root, 100, ties=(other,)) != ""
+
+
+def test_a_batch_norm_and_an_instance_norm_sharing_running_mean_cannot_train():
+    """Why the tie above is never trained: torch's backward refuses it."""
+    bn = nn.BatchNorm1d(3)
+    norm = nn.InstanceNorm1d(3, track_running_stats=True)
+    norm.running_mean = bn.running_mean
+    x = torch.ones(4, 3, requires_grad=True) * torch.arange(4.0).reshape(4, 1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        norm(bn(x).unsqueeze(-1).expand(4, 3, 5)).sum().backward()
