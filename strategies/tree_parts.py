@@ -255,11 +255,12 @@ def draw_trained(draw: Draw, root: LeafSpec | ContainerSpec, chance: int,
     or a tie of a running statistic (``RUNNING_STATISTICS``)."""
     lazy = any(isinstance(n, LeafSpec) and n.kind == "LazyLinear" and not n.initialized
                for _, _, n in walk(root))
-    tied_statistic = any(name in RUNNING_STATISTICS for tie in ties for _, name in tie.slots)
-    if lazy or tied_statistic or not coin(draw, chance):
+    if lazy or not coin(draw, chance):
         return ""
-    return draw(st.sampled_from([t for t in TRAININGS
-                                 if not (leaf_grads and t == "backward-create-graph")]))
+    trained = draw(st.sampled_from([t for t in TRAININGS
+                                    if not (leaf_grads and t == "backward-create-graph")]))
+    tied_statistic = any(name in RUNNING_STATISTICS for tie in ties for _, name in tie.slots)
+    return "" if tied_statistic else trained
 
 
 def _slots_with(root: LeafSpec | ContainerSpec, flag: str) -> set[tuple[str, str]]:
