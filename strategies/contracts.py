@@ -181,13 +181,19 @@ def subnormal_rounding(dtype: torch.dtype) -> float:
     return info.smallest_normal * info.eps / 2
 
 
-def close(got: Tensor, want: Tensor, atol: float, rtol: float) -> bool:
-    """Equal shapes and values within ``atol + rtol * |want|``, NaNs equal (a complex ``want``
-    against a real ``got``: its real part)."""
+def _widened(got: Tensor, want: Tensor) -> tuple[Tensor, Tensor]:
+    """Both in float64, or complex128 where either is complex (a complex ``want`` against a real
+    ``got``: its real part)."""
     if want.is_complex() and not got.is_complex():
         want = want.real
     wide = torch.complex128 if got.is_complex() or want.is_complex() else torch.float64
-    got, want = got.to(wide), want.to(wide)
+    return got.to(wide), want.to(wide)
+
+
+def close(got: Tensor, want: Tensor, atol: float, rtol: float) -> bool:
+    """Equal shapes and values within ``atol + rtol * |want|``, NaNs equal (a complex ``want``
+    against a real ``got``: its real part)."""
+    got, want = _widened(got, want)
     if got.shape != want.shape:
         return False
     both_nan = got.isnan() & want.isnan()
@@ -198,10 +204,7 @@ def close(got: Tensor, want: Tensor, atol: float, rtol: float) -> bool:
 
 def _worst_error(got: Tensor, want: Tensor, atol: float, rtol: float) -> str:
     """The element furthest past its tolerance: its error, index, and both values."""
-    if want.is_complex() and not got.is_complex():
-        want = want.real
-    wide = torch.complex128 if got.is_complex() or want.is_complex() else torch.float64
-    got, want = got.to(wide).reshape(-1), want.to(wide).reshape(-1)
+    got, want = (t.reshape(-1) for t in _widened(got, want))
     if got.shape != want.shape or not got.numel():
         return "a shape change" if got.shape != want.shape else "0"
     error = (got - want).abs()
