@@ -44,6 +44,7 @@ from swapspec.strategies.tree_parts import (
     draw_shares,
     draw_ties,
     draw_trained,
+    draw_training,
     draw_world,
 )
 from swapspec.strategies.tree_spec import (
@@ -133,7 +134,7 @@ def tree_specs(
         root = with_grad(root, taken)
     if "trainable" in o.needs:  # a tie to a frozen parameter can take the trainable one
         root = with_trainable(root, {slot for tie in tie_specs for slot in tie.slots[1:]})
-    training = not coin(draw, 25)
+    training = draw_training(draw, tie_specs, backward="trainable" in o.needs)
     trained = draw_trained(draw, root, training_chance,
                            "leaf-grads" in o.needs or "swappable" in o.needs, tie_specs)
     world = "" if trained else world  # a trained tree's grads come from a real backward
@@ -232,7 +233,8 @@ def module_trees(
       parameter, which every parametrization applies to, kept out of ties; decorations are then
       drawn among the kinds that have a slot), ``'tensor'`` (at least one tensor slot), ``'trainable'`` (a
       parameter that requires grad: the first frozen one is unfrozen, or a generic leaf of one
-      parameter is added), ``'parameter'`` (at least one parameter slot: a generic leaf of one
+      parameter is added; a tree that ties a running statistic is in eval mode, where a backward
+      through its forward always runs), ``'parameter'`` (at least one parameter slot: a generic leaf of one
       parameter is added to a tree without one), ``'tie'`` (a tie group: with ``ties``, a tree
       whose drawn ties come out empty gets its first two compatible slots tied, after a generic
       leaf is added where no two slots are compatible), ``'swappable'`` (``swap_tensors``

@@ -244,8 +244,22 @@ def draw_decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[Tie
 
 # Buffers a norm layer's training forward updates in place. Tied between two layers, the second
 # update can bump a version the first one's backward checks (an ``nn.InstanceNorm`` after an
-# ``nn.BatchNorm`` holding one ``running_mean``): such a tree has no training step to run.
+# ``nn.BatchNorm`` holding one ``running_mean``): torch refuses the backward of such a tree's
+# training-mode forward, so it has no training step to run.
 RUNNING_STATISTICS = ("running_mean", "running_var")
+
+
+def ties_a_running_statistic(ties: Sequence[TieSpec]) -> bool:
+    """Whether a tie holds a running statistic (``RUNNING_STATISTICS``) of some norm layer."""
+    return any(name in RUNNING_STATISTICS for tie in ties for _, name in tie.slots)
+
+
+def draw_training(draw: Draw, ties: Sequence[TieSpec], backward: bool = False) -> bool:
+    """Whether the tree is in training mode: three times in four; shrinks to ``True``. Always
+    ``False`` for a tree whose forward must allow a backward (``backward``) and that ties a
+    running statistic (``RUNNING_STATISTICS``)."""
+    training = not coin(draw, 25)
+    return training and not (backward and ties_a_running_statistic(ties))
 
 
 def draw_trained(draw: Draw, root: LeafSpec | ContainerSpec, chance: int,
@@ -259,8 +273,7 @@ def draw_trained(draw: Draw, root: LeafSpec | ContainerSpec, chance: int,
         return ""
     trained = draw(st.sampled_from([t for t in TRAININGS
                                     if not (leaf_grads and t == "backward-create-graph")]))
-    tied_statistic = any(name in RUNNING_STATISTICS for tie in ties for _, name in tie.slots)
-    return "" if tied_statistic else trained
+    return "" if ties_a_running_statistic(ties) else trained
 
 
 def _slots_with(root: LeafSpec | ContainerSpec, flag: str) -> set[tuple[str, str]]:

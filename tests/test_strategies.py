@@ -541,8 +541,22 @@ def test_a_tree_that_ties_a_running_statistic_is_never_trained(data):
     assert draw_trained(data.draw, root, 100, ties=(other,)) != ""
 
 
+@given(data=st.data())
+def test_a_tree_whose_forward_must_allow_a_backward_and_ties_a_running_statistic_is_in_eval_mode(data):
+    from swapspec.strategies.tree_parts import draw_training
+    from swapspec.strategies.tree_spec import TieSpec
+
+    stat = data.draw(st.sampled_from(["running_mean", "running_var"]))
+    tie = TieSpec(slots=(("0.inner", stat), ("1.inner", "running_mean")))
+    assert draw_training(data.draw, (tie,), backward=True) is False
+    other = TieSpec(slots=(("0.inner", "weight"), ("0.inner", "bias")))
+    assert any(draw_training(data.draw, (other,), backward=True) for _ in range(40))
+    assert any(draw_training(data.draw, (tie,), backward=False) for _ in range(40))
+
+
 def test_a_batch_norm_and_an_instance_norm_sharing_running_mean_cannot_train():
-    """Why the tie above is never trained: torch's backward refuses it."""
+    """Why the ties above are never trained, nor drawn in training mode where a backward must
+    run: torch's backward refuses them."""
     bn = nn.BatchNorm1d(3)
     norm = nn.InstanceNorm1d(3, track_running_stats=True)
     norm.running_mean = bn.running_mean
