@@ -44,11 +44,13 @@ from swapspec.strategies.decorations import PARAMETRIZATIONS
 from swapspec.strategies.state_dicts import state_dicts, swap_refused
 from swapspec.strategies.torch_modules import CatalogueLeaf
 from swapspec.strategies.tree_needs import with_none_slot
+from swapspec.strategies.tree_parts import draw_trained, draw_training
 from swapspec.strategies.trees import (
     BLOCK_NAMES,
     ContainerSpec,
     LeafSpec,
     TensorSpec,
+    TieSpec,
     TreeSpec,
     slot_values,
     tensor_values,
@@ -530,9 +532,6 @@ def test_bad_calls_give_a_lazy_modules_uninitialized_tensor_a_value_where_there_
 
 @given(data=st.data())
 def test_a_tree_that_ties_a_running_statistic_is_never_trained(data):
-    from swapspec.strategies.tree_parts import draw_trained
-    from swapspec.strategies.tree_spec import LeafSpec, TieSpec
-
     root = LeafSpec(kind="catalogue", entry="nn.BatchNorm2d")
     stat = data.draw(st.sampled_from(["running_mean", "running_var"]))
     tie = TieSpec(slots=(("0.inner", stat), ("1.inner", stat)))
@@ -543,9 +542,6 @@ def test_a_tree_that_ties_a_running_statistic_is_never_trained(data):
 
 @given(data=st.data())
 def test_a_tree_whose_forward_must_allow_a_backward_and_ties_a_running_statistic_is_in_eval_mode(data):
-    from swapspec.strategies.tree_parts import draw_training
-    from swapspec.strategies.tree_spec import TieSpec
-
     stat = data.draw(st.sampled_from(["running_mean", "running_var"]))
     tie = TieSpec(slots=(("0.inner", stat), ("1.inner", "running_mean")))
     assert draw_training(data.draw, (tie,), backward=True) is False
