@@ -917,6 +917,51 @@ def test_a_refused_parametrized_swap_is_predicted_exactly_when_torch_raises(swap
     assert predicted == raised
 
 
+@pytest.mark.parametrize("converged", [False, True])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("swap", [False, True])
+def test_a_power_iteration_before_a_refused_swap_is_predicted_exactly_where_torch_runs_one(
+        swap, training, converged):
+    """A spectral norm whose power iteration has converged (seed 0's 3 x 3 weight) raises
+    with its vectors unchanged; a weight scaled after registration moves them. A call that
+    runs (no swap) iterates on the given weight too, so in training mode it always moves them."""
+    from swapspec.properties.declarations.torch_functional_call import (
+        spectral_norm_iterates_before_refused_swap,
+    )
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import CallInput
+
+    def spectral_normed_linear() -> torch.nn.Module:
+        torch.manual_seed(0)
+        module = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(3, 3))
+        if not converged:
+            with torch.no_grad():
+                module.parametrizations.weight.original.mul_(torch.arange(1.0, 10.0).view(3, 3))
+        return module.train(training)
+
+    tensors = {"weight": torch.ones(3, 3)}
+    call = CallInput(tensors, (torch.ones(1, 3),), {}, tie_weights=True, strict=False)
+    module = spectral_normed_linear()
+    vectors = [module.parametrizations.weight[0]._u, module.parametrizations.weight[0]._v]
+    before = [t.clone() for t in vectors]
+    saved = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(swap)
+    try:
+        predicted = spectral_norm_iterates_before_refused_swap(
+            Example(spectral_normed_linear(), call=call))
+        try:
+            torch.func.functional_call(module, tensors, call.args)
+            raised = False
+        except RuntimeError:
+            raised = True
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(saved)
+    changed = any(not torch.equal(t, b) for t, b in zip(vectors, before, strict=True))
+    assert raised == swap, "torch itself changed: the swap flag no longer decides the refusal"
+    assert changed == (training and not (raised and converged)), "torch changed: see the repro"
+    assert predicted == (raised and changed)
+
+
 def test_each_kind_of_failure_has_its_own_error_class():
     """Rule: failures of different clauses (or a stale declaration) raise different
     ``ConformanceError`` subclasses, the same kind the same class."""

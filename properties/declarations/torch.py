@@ -59,6 +59,7 @@ from swapspec.properties.declarations.torch_functional_call import (
              rnn_none_weight_hides_forward_error,
              shared_slot_write_back_wrong,
              slot_conflict_ignored,
+             spectral_norm_iterates_before_refused_swap,
              swap_refused_by_graph_grads,
              swaps_a_grad,
              swaps_one_slot_twice,
@@ -334,6 +335,19 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.func.functional_call(m, {'weight': torch.ones(2, 2)}, (torch.ones(1, 2),))  "
         "# RuntimeError: Expected use_count of t1 to be 1 or 2 with an AccumulateGrad node but "
         "got 3", id="torch.fc.parametrized-name-swap-refused"),
+    Deviation(
+        "FC-PARAMETRIZED", spectral_norm_iterates_before_refused_swap, "INV-RAISE-UNCHANGED",
+        reason=
+        "Where the swap above is refused, functional_call has already read the attribute, and "
+        "a spectral_norm in training mode computes it with a power iteration that updates its "
+        "_u and _v buffers in place: the call raises with them changed, unless the iteration has converged (torch 2.13). "
+        "Repro: "
+        "m = nn.Linear(3, 3); torch.nn.utils.parametrizations.spectral_norm(m); "
+        "u = m.parametrizations.weight[0]._u.clone(); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); "
+        "torch.func.functional_call(m, {'weight': torch.ones(3, 3)}, (torch.ones(1, 3),)) "
+        "raises RuntimeError, and torch.equal(m.parametrizations.weight[0]._u, u) is False",
+        id="torch.fc.spectral-norm-iterates-before-refused-swap"),
     Deviation(
         "FC-PARAMETRIZED", restore_sets_wrapper_into_plain, CRASH,
         "Given a plain value under a parametrized attribute's own name while its originals are "

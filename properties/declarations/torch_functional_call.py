@@ -4,6 +4,7 @@ torch declarations (``declarations.torch``) read them."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -385,6 +386,27 @@ def parametrized_name_swap_refused(example: Example) -> bool:
     return (swapped and torch.is_grad_enabled()
             and type(plist[0]).__name__ in ("_WeightNorm", "_SpectralNorm")
             and any(t.requires_grad for t in originals))
+
+
+def spectral_norm_iterates_before_refused_swap(example: Example) -> bool:
+    """The refused swap of ``parametrized_name_swap_refused`` comes after ``functional_call``
+    read the attribute, and where the parametrization is a ``spectral_norm`` in training mode
+    on a weight of two or more dimensions that read ran a power iteration, which updates its
+    ``_u`` and ``_v`` buffers in place: they keep the new values after the call raises (unless
+    the iteration has converged to the values they hold, which a trial run on a copy tells)."""
+    plist = _given_parametrized_attribute(example)
+    return (parametrized_name_swap_refused(example)
+            and type(plist[0]).__name__ == "_SpectralNorm" and plist[0].training
+            and plist.original.dim() > 1 and _power_iteration_moves(plist[0], plist.original))
+
+
+def _power_iteration_moves(norm: nn.Module, original: Tensor) -> bool:
+    """Whether one read of a spectral norm of ``original`` changes the norm's ``_u`` or
+    ``_v``, tried on a copy of the norm."""
+    trial = copy.deepcopy(norm)
+    with torch.no_grad():
+        trial(original.detach())
+    return not all(torch.equal(getattr(trial, name), getattr(norm, name)) for name in ("_u", "_v"))
 
 
 def restore_sets_wrapper_into_plain(example: Example) -> bool:
