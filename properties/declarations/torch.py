@@ -337,12 +337,11 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "got 3", id="torch.fc.parametrized-name-swap-refused"),
     Deviation(
         "FC-PARAMETRIZED", spectral_norm_iterates_before_refused_swap, "INV-RAISE-UNCHANGED",
-        reason=
         "Where the swap above is refused, functional_call has already read the attribute, and "
         "a spectral_norm in training mode computes it with a power iteration that updates its "
-        "_u and _v buffers in place: the call raises with them changed, unless the iteration has converged (torch 2.13). "
-        "Repro: "
-        "m = nn.Linear(3, 3); torch.nn.utils.parametrizations.spectral_norm(m); "
+        "_u and _v buffers in place: the call raises with them changed, unless the iteration "
+        "has converged (torch 2.13). Repro: m = nn.Linear(3, 3); "
+        "torch.nn.utils.parametrizations.spectral_norm(m); "
         "u = m.parametrizations.weight[0]._u.clone(); "
         "torch.__future__.set_swap_module_params_on_conversion(True); "
         "torch.func.functional_call(m, {'weight': torch.ones(3, 3)}, (torch.ones(1, 3),)) "
