@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from swapspec import reference
-from swapspec.properties.models.apply_state import refused_by_swap, swap_tensors_takes
+from swapspec.properties.models.apply_state import (
+    converted_like,
+    refused_by_swap,
+    swap_tensors_takes,
+)
 from swapspec.properties.models.call_state import (
     copy_outcome,
     loaded_copy,
@@ -373,3 +377,16 @@ def test_a_rebind_written_back_as_a_tensor_held_before_is_lost_even_with_equal_v
     assert got_rebound_object(tensors["0.count"], given, rebound, set(), held_before)
     assert got_rebound_object(own, given, own, {id(own)}, held_before), \
         "a forward that rebinds the slot to a tensor held before is followed"
+
+
+def test_a_converted_wrapper_subclass_tensor_is_judged_by_its_values():
+    """Rule: ``APPLY-VALUES`` and ``APPLY-GRADS`` compare a ``TwoTensor``'s values with fn's
+    result through ``same_values``, as they do a plain tensor's; a conversion that does not
+    preserve values is judged by metadata only."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    t = torch.zeros(3)
+    once, twice = TwoTensor(t + 1, t + 1), TwoTensor(t + 2, t + 2)
+    assert converted_like(once, TwoTensor(t + 1, t.clone() + 1), values=True)
+    assert not converted_like(twice, once, values=True)
+    assert converted_like(twice, once, values=False)

@@ -189,7 +189,7 @@ def converted_like(actual: Tensor, expected: Tensor, values: bool) -> bool:
     """``actual`` has ``expected``'s dtype, device, layout and shape, and values if asked."""
     if is_uninitialized(expected) or is_uninitialized(actual):
         return actual.dtype == expected.dtype and actual.device == expected.device
-    if values and not is_traceable_wrapper_subclass(expected):
+    if values:
         return same_values(actual, expected)
     return same_metadata(actual, expected)
 
