@@ -128,6 +128,23 @@ def test_with_tie_weights_the_alias_is_filled_too_so_the_original_is_replaced():
     assert replaced_originals(module, filled_of(module, c)) == {id(shared)}
 
 
+def two_buffers(*, sharing_memory: bool) -> torch.nn.Module:
+    """Buffers ``a`` and ``b``: two objects, and (``sharing_memory``) one storage, the half-tie
+    torch's conversion leaves of a tied buffer."""
+    module = torch.nn.Module()
+    module.register_buffer("a", torch.zeros(4))
+    module.register_buffer("b", module.a.view(4) if sharing_memory else module.a.clone())
+    return module
+
+
+@pytest.mark.parametrize("sharing_memory", [False, True])
+def test_an_original_sharing_memory_with_a_reachable_tensor_is_not_replaced(sharing_memory):
+    module = two_buffers(sharing_memory=sharing_memory)
+    c = call({"a": torch.ones(4)})
+    replaced = replaced_originals(module, filled_of(module, c))
+    assert (id(module.a) in replaced) == (not sharing_memory)
+
+
 def test_an_original_given_back_under_its_own_name_is_not_replaced():
     module = buffer_updated_by_a_sibling(tied=True)
     c = call({"1.b1": module[1].b1})

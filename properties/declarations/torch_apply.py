@@ -17,6 +17,7 @@ from swapspec.properties.models.apply_state import is_uninitialized, swap_tensor
 from swapspec.properties.models.examples import (
     Example,
     holds_values,
+    memory_of,
     same_values,
 )
 from swapspec.strategies import tree_info
@@ -351,26 +352,12 @@ def rebinding_splits_tied_buffers(example: Example) -> bool:
         held[id(b)] > 1 and applied is not b for b, applied in _results(example, _buffers(example)))
 
 
-def _dense_leaves(t: Tensor) -> list[Tensor]:
-    """``t``, or the plain tensors a wrapper subclass (``TwoTensor``) holds, nested ones too."""
-    if is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()
-        return [leaf for n in names for leaf in _dense_leaves(getattr(t, n))]
-    return [t]
-
-
 def _new_object_sharing_storage(t: Tensor, applied: Any) -> bool:
     """``applied`` is a new object that holds (part of) ``t``'s memory, as
     ``TwoTensor(t.detach(), t.detach().clone())`` does through its ``a``."""
     if applied is t or not isinstance(applied, Tensor):
         return False
-    try:
-        mine = {x.untyped_storage().data_ptr() for x in _dense_leaves(t)
-                if x.device.type != "meta"} - {0}
-        return any(x.untyped_storage().data_ptr() in mine for x in _dense_leaves(applied)
-                   if x.device.type != "meta")
-    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
-        return False
+    return bool(memory_of(t) & memory_of(applied))
 
 
 def split_tied_buffer_shares_storage(example: Example) -> bool:

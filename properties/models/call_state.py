@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from swapspec.properties.models.examples import (
     clone_value,
     holds_values,
+    memory_of,
     named_tensors,
     slots,
     value_copy,
@@ -181,12 +182,16 @@ def replaced_originals(module: nn.Module, filled: dict[str, Any]) -> set[int]:
 
     Only these must keep their values: an original that an unfilled alias still shows (a
     tied buffer with ``tie_weights=False``), or that is itself a filled value, is forward's to
-    update in place.
+    update in place, and so is one that shares memory with a tensor forward can reach (the
+    half-tie torch's conversion leaves of a tied buffer: two objects, one storage).
     """
     registered = named_tensors(module)
-    reachable = {id(v) for v in expected_view(module, filled).values()}
-    reachable |= {id(v) for v in filled.values()}
-    return {id(registered[n]) for n in filled if n in registered} - reachable
+    reachable = [*expected_view(module, filled).values(), *filled.values()]
+    reachable = [v for v in reachable if isinstance(v, Tensor)]
+    ids = {id(v) for v in reachable}
+    memory = set().union(*(memory_of(v) for v in reachable))
+    out_of_reach = {id(registered[n]): registered[n] for n in filled if n in registered}
+    return {key for key, t in out_of_reach.items() if key not in ids and not memory_of(t) & memory}
 
 
 def fresh_copy_holding(module: nn.Module) -> nn.Module:

@@ -333,6 +333,24 @@ def add_one_(t: Tensor) -> None:
             add_one_(part)
 
 
+def dense_leaves(t: Tensor) -> list[Tensor]:
+    """``t``, or the plain tensors a wrapper subclass (``TwoTensor``) holds, nested ones too."""
+    if is_wrapper(t):
+        names, _ = t.__tensor_flatten__()
+        return [leaf for n in names for leaf in dense_leaves(getattr(t, n))]
+    return [t]
+
+
+def memory_of(t: Tensor) -> set[int]:
+    """The addresses of the storages ``t`` (or its inner tensors) views: empty for tensors that
+    hold no values (``holds_values``: meta, fake, uninitialized) and layouts without a storage
+    (sparse), where no two tensors can alias."""
+    try:
+        return {x.untyped_storage().data_ptr() for x in dense_leaves(t) if holds_values(x)} - {0}
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return set()
+
+
 def same_values(a: Tensor, b: Tensor) -> bool:
     """Equal dtype, shape, device and values (NaNs equal); meta and fake tensors compare by
     metadata (and a fake tensor equals only a fake one).
