@@ -18,7 +18,9 @@ the ``life``, ``catalogue`` and ``seq`` samples draw fewer, see :data:`SAMPLES`)
 * ``life``: ``module_trees(**LIFE_OPTIONS)``: decorations and training in every tree, wrappers in half.
 * ``world``: ``module_trees(**WORLD_OPTIONS)``: the tensor worlds as the APPLY/FC/TOGETHER properties draw them.
 * ``catalogue``: ``module_trees(catalogue_chance=CATALOGUE_REACH_CHANCE)``: trees rich in torch's own modules.
-* ``conversion``, ``call``, ``load``: ``strategies.reach``'s ``conversion_reach``, ``call_reach``, ``load_reach``.
+* ``conversion``, ``method``, ``call``, ``load``: ``strategies.reach``'s ``conversion_reach``,
+  ``method_reach`` (public method calls as APPLY-METHOD-ARGS draws them), ``call_reach``,
+  ``load_reach``.
 * ``seq``: the steps of derandomized sequences of the sequence machine on the reference
   (``properties.rules.sequence_reach``).
 
@@ -237,6 +239,11 @@ def _conversion(n: int) -> list[frozenset[str]]:
     return conversion_reach(n)
 
 
+def _method(n: int) -> list[frozenset[str]]:
+    from swapspec.strategies.reach import method_reach
+    return method_reach(n)
+
+
 def _call(n: int) -> list[frozenset[str]]:
     from swapspec.strategies.reach import call_reach
     return call_reach(n)
@@ -259,6 +266,7 @@ SAMPLES: dict[str, tuple[Callable[[int], list[frozenset[str]]], int]] = {
     "world": (_world, 1),
     "catalogue": (_catalogue, 1),
     "conversion": (_conversion, 1),
+    "method": (_method, 1),
     "call": (_call, 1),
     "load": (_load, 1),
     "seq": (_seq, 3),
