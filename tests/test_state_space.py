@@ -7,7 +7,10 @@
   ``not drawn`` or ``excused``; a ``drawn`` row gives a reach figure or says in its note why not;
 - every property ID on the page is in docs/catalogue.md;
 - every reach figure meets its floor on a fresh fixed-seed recomputation
-  (``tests/state_space_reach.py``, 200 draws).
+  (``tests/state_space_reach.py``, 200 draws);
+- no ``not drawn`` row goes stale: a row naming a public method the strategies call
+  (``strategies.method_calls``), or a state whose torch-level tag a sample meets
+  (:data:`NOT_DRAWN_TAGS`), must say ``drawn``.
 
 Each checker takes the page's text, so the unit tests at the end feed it broken pages.
 """
@@ -187,6 +190,58 @@ def unknown_ids(text: str, known: set[str]) -> list[str]:
     return bad
 
 
+def called_methods() -> list[str]:
+    """``Module.<method>`` for every public method ``strategies.method_calls`` draws a call of."""
+    from swapspec.strategies import method_calls as mc
+
+    calls = [form[0] for form in (*mc.CONVERSION_FORMS, *mc.RECURSE_FALSE_FORMS)]
+    calls += [*mc.GRAD_CALLS, *mc.BAD_CALLS]
+    return sorted({f"Module.{c.method}" for c in calls})
+
+
+def stale_rows(text: str, drawn_names: list[str]) -> list[str]:
+    """The ``not drawn`` rows whose first cell names one of ``drawn_names`` (qualified names
+    the strategies are known to draw)."""
+    rows, _ = parse(text)
+    stale = []
+    for r in rows:
+        cell = r["operation or state"]
+        named = [n for n in drawn_names
+                 if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", cell)]
+        if r["status"] == "not drawn" and named:
+            stale.append(f"line {r.line} ({cell[:50]}): not drawn, but {', '.join(named)} is drawn")
+    return stale
+
+
+# torch-level tag of ``tests/state_space_reach.py`` -> the start of the row it would measure.
+NOT_DRAWN_TAGS = {
+    "hook: module backward pre": "module backward pre / backward hooks",
+    "hook: module backward": "module backward pre / backward hooks",
+    "hook: module forward with kwargs": "forward hook with kwargs",
+    "hook: module forward always_called": "forward hook with kwargs",
+    "tensor: view": "a view (`t._base is not None`) in a slot",
+    "tensor: quantized": "a quantized tensor",
+    "tensor: storage shared by two slot objects": "two slot objects sharing one storage",
+    "tie: parameter and buffer": "one tensor as a parameter in one slot and a buffer",
+}
+
+
+def tag_rows_not_drawn(text: str, measured: dict[str, dict[str, float]],
+                       tags: dict[str, str]) -> list[str]:
+    """The rows of ``tags`` still ``not drawn`` (or missing) although a sample met their tag."""
+    rows, _ = parse(text)
+    problems = []
+    for tag, start in tags.items():
+        met = [f"{sample}/{tag} {100 * shares[tag]:.1f}%"
+               for sample, shares in measured.items() if shares.get(tag, 0) > 0]
+        row = next((r for r in rows if r["operation or state"].startswith(start)), None)
+        if row is None:
+            problems.append(f"no row starts with {start!r} (tag {tag!r})")
+        elif met and row["status"] != "drawn":
+            problems.append(f"line {row.line} ({start}): {row['status']}, but {', '.join(met)}")
+    return problems
+
+
 @functools.lru_cache(maxsize=1)
 def _measured(samples: tuple[str, ...]) -> dict[str, dict[str, float]]:
     return reach.measure(N, samples)
@@ -215,8 +270,24 @@ def test_every_property_id_exists():
 def test_every_reach_figure_meets_its_floor():
     figures = reach.doc_figures(DOC.read_text())
     assert len(figures) > 50
-    samples = tuple(sorted({f.sample for f in figures if f.sample in reach.SAMPLES}))
-    assert reach.check_figures(figures, _measured(samples)) == []
+    assert reach.check_figures(figures, _measured(_figure_samples())) == []
+
+
+def _figure_samples() -> tuple[str, ...]:
+    figures = reach.doc_figures(DOC.read_text())
+    return tuple(sorted({f.sample for f in figures if f.sample in reach.SAMPLES}))
+
+
+def test_no_row_naming_a_drawn_method_says_not_drawn():
+    names = called_methods()
+    assert {"Module.to", "Module.type", "Module.zero_grad"} <= set(names)
+    assert stale_rows(DOC.read_text(), names) == []
+
+
+def test_no_row_whose_tag_a_sample_meets_says_not_drawn():
+    measured = _measured(_figure_samples())
+    assert {"tree", "life", "world"} <= set(measured)
+    assert tag_rows_not_drawn(DOC.read_text(), measured, NOT_DRAWN_TAGS) == []
 
 
 # ---- the checkers can fail ----------------------------------------------------------------------
@@ -286,3 +357,20 @@ def test_the_real_page_fails_without_a_row(name):
     kept = "\n".join(line for line in text.split("\n")
                      if not re.search(rf"`{re.escape(name)}(?![A-Za-z0-9_])", line))
     assert missing_operations(kept, [name]) == [name]
+
+
+def test_stale_rows_reports_a_not_drawn_row_of_a_drawn_method():
+    assert stale_rows(PAGE, ["Module.to"]) == []  # `Module.to_empty` is another method
+    assert stale_rows(PAGE, ["Module.to_empty"]) == [
+        "line 6 (`Module.to_empty(device=)`): not drawn, but Module.to_empty is drawn"]
+
+
+def test_tag_rows_not_drawn_reports_a_met_tag_of_a_not_drawn_row():
+    tags = {"tensor: view": "`Module.to_empty", "tensor: meta": "`Module.to(dtype)`"}
+    unmet = {"tree": {"tensor: view": 0.0, "tensor: meta": 0.5}}
+    assert tag_rows_not_drawn(PAGE, unmet, tags) == []
+    met = {"tree": {"tensor: view": 0.02}}
+    assert tag_rows_not_drawn(PAGE, met, tags) == [
+        "line 6 (`Module.to_empty): not drawn, but tree/tensor: view 2.0%"]
+    assert tag_rows_not_drawn(PAGE, unmet, {"tensor: view": "`Module.nothing"}) == [
+        "no row starts with '`Module.nothing' (tag 'tensor: view')"]
