@@ -137,12 +137,12 @@ def missing_operations(text: str, names: list[str]) -> list[str]:
     """The qualified names (``Module.to``, ``prune.remove``) no Operations row names."""
     rows, _ = parse(text)
     cells = [r["operation or state"] for r in operation_rows(rows)]
-    missing = []
-    for name in names:
-        pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
-        if not any(pattern.search(c) for c in cells):
-            missing.append(name)
-    return missing
+    return [name for name in names if not any(_names(c, name) for c in cells)]
+
+
+def _names(cell: str, name: str) -> bool:
+    """Whether ``cell`` names ``name`` as a whole (``Module.to`` is not in ``Module.to_empty``)."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", cell) is not None
 
 
 # ---- the checkers -------------------------------------------------------------------------------
@@ -206,8 +206,7 @@ def stale_rows(text: str, drawn_names: list[str]) -> list[str]:
     stale = []
     for r in rows:
         cell = r["operation or state"]
-        named = [n for n in drawn_names
-                 if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", cell)]
+        named = [n for n in drawn_names if _names(cell, n)]
         if r["status"] == "not drawn" and named:
             stale.append(f"line {r.line} ({cell[:50]}): not drawn, but {', '.join(named)} is drawn")
     return stale
