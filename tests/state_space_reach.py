@@ -10,6 +10,7 @@ Commands (repository root, the venv's python)::
 
     .venv/bin/python tests/state_space_reach.py [N]          # every sample/tag share, N draws each
     .venv/bin/python tests/state_space_reach.py --check [N]  # the doc's figures against their floors
+    .venv/bin/python tests/state_space_reach.py --json N [SAMPLE ...]  # {sample: {tag: share}}
 
 ``N`` defaults to :data:`DEFAULT_N`. The samples (each derandomized, generate phase only, no database;
 the ``life``, ``catalogue`` and ``seq`` samples draw fewer, see :data:`SAMPLES`):
@@ -26,10 +27,19 @@ the ``life``, ``catalogue`` and ``seq`` samples draw fewer, see :data:`SAMPLES`)
 
 A doc figure is written ``` `sample/tag` 12.5% (>= 2%) ```: the share measured with the command above
 and the floor a fixed-seed recomputation must meet (``tests/test_state_space.py``).
+
+A derandomized sample is fixed by the Hypothesis version and by the local modules loaded when it
+is drawn: Hypothesis draws some integers and floats from the constants in the source of every
+loaded module outside site-packages and outside test folders. So the figures are measured by this
+script alone in a fresh process (the test runs it in a subprocess), never inside a test session,
+whose loaded modules depend on what was collected and what ran before; and :func:`measure`
+first imports every swapspec module (``tests/fresh_sample.py``), so one sample's share does not
+depend on the samples drawn before it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -40,7 +50,10 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_N = 200
-DOC = Path(__file__).resolve().parent.parent / "docs" / "state-space.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "state-space.md"
+if str(ROOT) not in sys.path:  # run as a script: tests.fresh_sample
+    sys.path.insert(0, str(ROOT))
 
 # `sample/tag` 12.5% (>= 2%)
 FIGURE = re.compile(r"`(?P<sample>[a-z]+)/(?P<tag>[^`]+)`\s+(?P<share>\d+(?:\.\d+)?)%\s+"
@@ -278,7 +291,9 @@ def measure(n: int = DEFAULT_N, names: Iterable[str] | None = None) -> dict[str,
     import warnings
 
     from swapspec.strategies.reach import frequencies
+    from tests.fresh_sample import load_every_swapspec_module
 
+    load_every_swapspec_module()
     out: dict[str, dict[str, float]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -317,8 +332,11 @@ def check_figures(figures: Iterable[Figure], measured: dict[str, dict[str, float
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
-    args = [a for a in argv if a != "--check"]
+    args = [a for a in argv if a not in ("--check", "--json")]
     n = int(args[0]) if args else DEFAULT_N
+    if "--json" in argv:
+        print(json.dumps(measure(n, args[1:] or None)))
+        return 0
     start = time.perf_counter()
     if check:
         figures = doc_figures(DOC.read_text())

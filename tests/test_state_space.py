@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import json
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,7 +245,13 @@ def tag_rows_not_drawn(text: str, measured: dict[str, dict[str, float]],
 
 @functools.lru_cache(maxsize=1)
 def _measured(samples: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    return reach.measure(N, samples)
+    """The shares the documented command measures: the script in a fresh process, so the
+    sample does not depend on what this session has loaded (``state_space_reach``'s docstring)."""
+    script = ROOT / "tests" / "state_space_reach.py"
+    done = subprocess.run([sys.executable, str(script), "--json", str(N), *samples],
+                          capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == 0, f"{script.name} --json failed:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 # ---- the page -----------------------------------------------------------------------------------

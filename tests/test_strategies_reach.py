@@ -1,17 +1,17 @@
 """Reach: a fixed-seed sample reaches every feature at least as often as its floor.
 
-Samples are derandomized (same examples every run for a given Hypothesis version); the floors sit below the
-measured frequencies (see ``python -m strategies.reach``), so a failure means a strategy lost reach.
+Samples are derandomized and drawn in a fresh process that has loaded every swapspec module
+(``tests/fresh_sample.py``), so they are the same every run for a given Hypothesis version; the floors
+sit below the measured frequencies (see ``python -m strategies.reach``), so a failure means a strategy
+lost reach.
 """
 
 from __future__ import annotations
 
-import importlib
 import warnings
 
 import pytest
 
-from swapspec.properties.rules.sequence_reach import sequence_reach
 from swapspec.strategies import torch_modules
 from swapspec.strategies.conversions import CONVERSIONS
 from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
@@ -20,17 +20,11 @@ from swapspec.strategies.reach import (
     LIFE_OPTIONS,
     LOAD_OUTCOME_OPTIONS,
     WORLD_OPTIONS,
-    call_reach,
-    catalogue_reach,
-    conversion_reach,
     frequencies,
-    load_reach,
-    sample,
     table,
-    tree_reach,
-    world_call_reach,
 )
-from swapspec.strategies.trees import TRAININGS, tree_info
+from swapspec.strategies.trees import TRAININGS
+from tests.fresh_sample import sample_in_fresh_process
 
 TREE_FLOORS = {
     "ties": 0.20,
@@ -126,6 +120,12 @@ LOAD_FAILS_FLOORS = {
 CONVERSION_FLOOR = 0.04
 
 
+def _fresh(function: str, *args: object, **kwargs: object) -> list[list[str]]:
+    """The feature sets ``strategies.reach.<function>(*args, **kwargs)`` draws in a fresh process
+    (``tests/fresh_sample.py``: a derandomized sample depends on the local modules loaded)."""
+    return sample_in_fresh_process(f"swapspec.strategies.reach:{function}", *args, **kwargs)
+
+
 def check(title: str, freqs: dict[str, float], floors: dict[str, float]) -> None:
     print("\n" + table(title, freqs))
     low = {tag: (freqs.get(tag, 0.0), floor) for tag, floor in floors.items() if freqs.get(tag, 0.0) < floor}
@@ -140,13 +140,13 @@ def _quiet():
 
 
 def test_tree_reach() -> None:
-    check("tree feature (500 trees)", frequencies(tree_reach(500)),
+    check("tree feature (500 trees)", frequencies(_fresh("tree_reach", 500)),
           {**TREE_FLOORS, **DEFAULT_LIFE_FLOORS})
 
 
 def test_decoration_and_training_reach() -> None:
     check(f"decoration and training feature (500 trees, {LIFE_OPTIONS})",
-          frequencies(tree_reach(500, **LIFE_OPTIONS)), LIFE_FLOORS)
+          frequencies(_fresh("tree_reach", 500, **LIFE_OPTIONS)), LIFE_FLOORS)
 
 
 # The conversion properties' tensor worlds: 10% of the untrained trees, split over meta and TwoTensor
@@ -155,7 +155,7 @@ WORLD_FLOORS = {"world: meta": 0.01, "world: two-tensor": 0.01}  # measured on 1
 
 
 def test_world_reach() -> None:
-    check(f"tensor world (500 trees, {WORLD_OPTIONS})", frequencies(tree_reach(500, **WORLD_OPTIONS)),
+    check(f"tensor world (500 trees, {WORLD_OPTIONS})", frequencies(_fresh("tree_reach", 500, **WORLD_OPTIONS)),
           WORLD_FLOORS)
 
 
@@ -165,7 +165,7 @@ WORLD_CALL_FLOORS = {"world: meta": 0.005, "world: two-tensor": 0.02, "meta-inpu
 
 
 def test_world_call_reach() -> None:
-    check(f"tensor world of a call (1000 draws, {WORLD_OPTIONS})", frequencies(world_call_reach(1000)),
+    check(f"tensor world of a call (1000 draws, {WORLD_OPTIONS})", frequencies(_fresh("world_call_reach", 1000)),
           WORLD_CALL_FLOORS)
 
 
@@ -174,9 +174,8 @@ def test_world_call_reach() -> None:
 def test_call_properties_draw_the_worlds(strategy: str) -> None:
     """The FC-* and TOGETHER-* trees are drawn with the conversion properties' world chance
     (FC-WRITE-BACK's ``updating_trees`` stay plain: a rebind is the same in every world)."""
-    module_name, _, attr = strategy.partition(":")
-    drawn = getattr(importlib.import_module(f"swapspec.properties.rules.{module_name}"), attr)
-    seen = frequencies(sample(drawn, 200, lambda m: tree_info(m).features))
+    seen = frequencies(sample_in_fresh_process("tests.fresh_sample:strategy_tree_features",
+                                               f"swapspec.properties.rules.{strategy}", 200))
     worlds = {k: v for k, v in seen.items() if k.startswith("world: ")}
     assert sum(worlds.values()) >= 0.01, f"{strategy} drew {worlds or 'no tensor world'} in 200 trees"
 
@@ -189,7 +188,7 @@ def test_world_chance_matches_the_properties() -> None:
 
 def test_catalogue_reach() -> None:
     check(f"catalogue feature (500 trees, catalogue_chance={CATALOGUE_REACH_CHANCE})",
-          frequencies(catalogue_reach(500)), CATALOGUE_FLOORS)
+          frequencies(_fresh("catalogue_reach", 500)), CATALOGUE_FLOORS)
 
 
 def test_catalogue_floors_name_every_family() -> None:
@@ -199,22 +198,22 @@ def test_catalogue_floors_name_every_family() -> None:
 
 def test_conversion_reach() -> None:
     floors = {c.name: CONVERSION_FLOOR for c in CONVERSIONS if c.device in ("cpu", "meta")}
-    check("conversion (2000 draws)", frequencies(conversion_reach(2000)), {**floors, "raise_on": CONVERSION_FLOOR})
+    check("conversion (2000 draws)", frequencies(_fresh("conversion_reach", 2000)), {**floors, "raise_on": CONVERSION_FLOOR})
 
 
 def test_call_reach() -> None:
-    check("call feature (500 draws, invalid=True)", frequencies(call_reach(500)), CALL_FLOORS)
+    check("call feature (500 draws, invalid=True)", frequencies(_fresh("call_reach", 500)), CALL_FLOORS)
 
 
 def test_load_reach() -> None:
-    check("load feature (300 draws)", frequencies(load_reach(300)), LOAD_FLOORS)
+    check("load feature (300 draws)", frequencies(_fresh("load_reach", 300)), LOAD_FLOORS)
 
 
 @pytest.mark.parametrize("outcome", sorted(LOAD_OUTCOME_OPTIONS))
 def test_load_outcome_reach(outcome: str) -> None:
     floors = {"succeeds": LOAD_SUCCEEDS_FLOORS, "fails": LOAD_FAILS_FLOORS}[outcome]
     check(f"load feature, outcome={outcome} (300 draws)",
-          frequencies(load_reach(300, **LOAD_OUTCOME_OPTIONS[outcome])), floors)
+          frequencies(_fresh("load_reach", 300, **LOAD_OUTCOME_OPTIONS[outcome])), floors)
 
 
 # Sequences on the reference: the share of sequences that ran each step at least once, measured
@@ -237,7 +236,8 @@ SEQUENCE_MEAN_LENGTH_FLOOR = 5
 def test_sequence_reach() -> None:
     """Rule: every rule of the sequence machine runs in at least its floor's share of the
     sequences, and sequences run most of their steps."""
-    steps, lengths = sequence_reach(SEQUENCES)
+    steps, lengths = sample_in_fresh_process(
+        "swapspec.properties.rules.sequence_reach:sequence_reach", SEQUENCES)
     check(f"sequence step ({SEQUENCES} sequences)", frequencies(steps), SEQUENCE_FLOORS)
     assert sum(lengths) / len(lengths) >= SEQUENCE_MEAN_LENGTH_FLOOR, lengths
 
@@ -248,11 +248,7 @@ def test_method_calls_reach_every_form():
     (``cuda`` is not) and 40 of the 45 forms (all 45 in 1,000 draws: docs/strategies.md)."""
     from swapspec.reference.methods import METHODS
     from swapspec.strategies.method_calls import BAD_CALLS, GRAD_CALLS, METHOD_CONVERSIONS
-    from swapspec.strategies.reach import method_reach
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        freq = frequencies(method_reach(500))
+    freq = frequencies(_fresh("method_reach", 500))
     assert all(freq.get(f"kind: {k}", 0) >= 0.20 for k in ("conversion", "grad", "bad")), freq
     forms = [c.call.name for c in METHOD_CONVERSIONS] + [c.name for c in (*GRAD_CALLS, *BAD_CALLS)]
     assert len([f for f in forms if f in freq]) >= 40, sorted(set(forms) - set(freq))
