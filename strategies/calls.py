@@ -17,6 +17,10 @@ from swapspec.strategies.modules import BATCH, FEATURES
 from swapspec.strategies.trees import DTYPES, join, slot_values, tensor_values
 
 FORMS = ("dict", "tuple-single", "tuple-disjoint", "tuple-overlap")
+# The autograd modes a call can run under, and the context that enters each.
+GRAD_MODES = ("enabled", "no_grad", "inference_mode")
+GRAD_MODE_CONTEXTS = {"enabled": torch.enable_grad, "no_grad": torch.no_grad,
+                      "inference_mode": torch.inference_mode}
 VALUE_KINDS = ("fresh", "own", "none", "other-dtype")
 FLOATING = ("float64", "float32", "float16", "bfloat16")
 INVALID_KINDS = ("non-tensor-value", "empty-leaf-name", "non-mapping", "non-dict-element",
@@ -69,6 +73,12 @@ class CallInput:
     lacking: frozenset[str] = field(default_factory=frozenset, compare=False)
     # The target's designs (``Target.designs``) the oracle judges the call by; not shown.
     designs: frozenset[str] = field(default_factory=frozenset, compare=False)
+    # The autograd mode the call runs under (one of ``GRAD_MODES``).
+    grad_mode: str = "enabled"
+
+    def grad_context(self) -> Any:
+        """A fresh context manager that enters the call's autograd mode."""
+        return GRAD_MODE_CONTEXTS[self.grad_mode]()
 
     def _shown(self) -> dict[str, Any]:
         hidden = {"lacking", "designs", *self.lacking}
@@ -291,7 +301,7 @@ def _one_value_per_group(chosen: dict[str, Any], module: nn.Module, names: dict[
 def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: bool,
                  strict: bool | None, tie_weights: bool | None, forms: Sequence[str], buffers: str,
                  valid: bool, conflicts: bool, invalid_chance: int, failing: bool,
-                 forward_safe: bool) -> CallInput:
+                 forward_safe: bool, grad_modes: tuple[str, ...]) -> CallInput:
     names = valid_names(module)
     buffer_names = {n for n, _ in module.named_buffers(remove_duplicate=False)}
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
@@ -340,9 +350,13 @@ def _call_inputs(draw: Any, module: nn.Module, unknown_names: bool, invalid: boo
         tags.add("meta-input")
     tags |= {f"form={form}"} | {f"kwarg: {k}" for k in kwargs}
     tags |= {t for t, on in (("strict", strict), ("tie_weights=False", not tie_weights)) if on}
+    grad_mode = draw(st.sampled_from(grad_modes))
+    if grad_mode != "enabled":
+        tags.add(f"grad-mode: {grad_mode}")
     for tag in sorted(tags):
         event(f"call: {tag}")
-    return CallInput(tensors, args, kwargs, tie_weights, strict, form, bad, frozenset(tags))
+    return CallInput(tensors, args, kwargs, tie_weights, strict, form, bad, frozenset(tags),
+                     grad_mode=grad_mode)
 
 
 def call_inputs(
@@ -359,6 +373,7 @@ def call_inputs(
     invalid_chance: int = 60,
     failing: bool = True,
     forward_safe: bool = False,
+    grad_modes: Sequence[str] = ("enabled",),
 ) -> st.SearchStrategy[CallInput]:
     """Draw a :class:`CallInput` for ``functional_call(module, ...)``.
 
@@ -392,6 +407,9 @@ def call_inputs(
     * ``failing``: whether ``kwargs`` may hold ``fail=True`` (a forward that raises).
     * ``forward_safe``: every value is a fresh tensor of the slot's dtype or the slot's own tensor
       (no ``None``, no other dtype), so a real layer's forward runs as it does on the module.
+    * ``grad_modes``: the autograd modes of :data:`GRAD_MODES` the call may run under (drawn
+      uniformly, shrinking to the first; event ``call: grad-mode: <mode>`` for a mode other than
+      ``enabled``). Default: ``enabled`` only.
 
     ``args`` is ``(x,)`` from :func:`forward_inputs`, moved to ``meta`` when every registered
     tensor of the module is a ``meta`` tensor (event ``call: meta-input``); ``kwargs`` may hold ``fail=True`` and ``report=[]``;
@@ -399,5 +417,8 @@ def call_inputs(
     """
     if buffers not in ("some", "all"):
         raise ValueError(f"buffers must be 'some' or 'all', got {buffers!r}")
+    unknown = sorted(set(grad_modes) - set(GRAD_MODES))
+    if not grad_modes or unknown:
+        raise ValueError(f"grad_modes must be a non-empty subset of {GRAD_MODES}; got {grad_modes!r}")
     return _call_inputs(module, unknown_names, invalid, strict, tie_weights, tuple(forms), buffers,
-                        valid, conflicts, invalid_chance, failing, forward_safe)
+                        valid, conflicts, invalid_chance, failing, forward_safe, tuple(grad_modes))

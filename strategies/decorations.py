@@ -11,10 +11,14 @@ A :class:`DecorationSpec` is pure data (part of a :class:`~strategies.tree_spec.
 * Old hook-based ones: ``old-weight-norm`` (``torch.nn.utils.weight_norm``), ``old-spectral-norm``
   (``torch.nn.utils.spectral_norm``) and ``prune`` (``prune.l1_unstructured``, amount 0.5).
 * ``tensor-hooks``: ``register_hook`` and ``register_post_accumulate_grad_hook`` on the
-  parameter; ``module-hooks``: a forward hook and a forward pre-hook on the module. Each hook
+  parameter; ``module-hooks``: a forward hook and a forward pre-hook on the module;
+  ``backward-hooks``: a full backward pre-hook and a full backward hook on the module
+  (``register_full_backward_pre_hook``/``register_full_backward_hook``, which wrap forward's
+  inputs and outputs in ``BackwardHookFunction``); ``forward-kwargs-hooks``: a forward pre-hook
+  and a forward hook registered ``with_kwargs=True``, the latter ``always_call=True``. Each hook
   counts its firings in its module's ``sw_hook_counts`` (a ``collections.Counter``) under
   ``'<kind>:<path>[.<name>]'`` (:func:`hook_counts` adds them up over a tree); the hooks change
-  no value.
+  no value. The module kinds (:data:`MODULE_KINDS`) decorate a module, the others a parameter.
 * Anything random at registration (power-iteration vectors) runs under a forked RNG seeded from
   the tree's seed, so decorating never reads or advances torch's global RNG.
 """
@@ -32,7 +36,8 @@ from torch.nn.utils import parametrizations, parametrize, prune
 
 PARAMETRIZATIONS = ("weight_norm", "spectral_norm", "orthogonal", "custom", "custom-inverse")
 OLD_STYLE = ("old-weight-norm", "old-spectral-norm", "prune")
-HOOKS = ("tensor-hooks", "module-hooks")
+HOOKS = ("tensor-hooks", "module-hooks", "backward-hooks", "forward-kwargs-hooks")
+MODULE_KINDS = ("module-hooks", "backward-hooks", "forward-kwargs-hooks")
 KINDS = (*HOOKS, *PARAMETRIZATIONS, *OLD_STYLE)
 NEEDS_MATRIX = ("orthogonal",)
 HOOK_COUNTS = "sw_hook_counts"
@@ -118,6 +123,22 @@ def _module_hooks(root: nn.Module, spec: DecorationSpec) -> None:
     module.register_forward_hook(ModuleHook(f"forward-hook:{spec.path}"))
 
 
+def _backward_hooks(root: nn.Module, spec: DecorationSpec) -> None:
+    module = _owner(root, spec)
+    _counter(module)
+    module.register_full_backward_pre_hook(ModuleHook(f"backward-pre-hook:{spec.path}"))
+    module.register_full_backward_hook(ModuleHook(f"backward-hook:{spec.path}"))
+
+
+def _forward_kwargs_hooks(root: nn.Module, spec: DecorationSpec) -> None:
+    module = _owner(root, spec)
+    _counter(module)
+    module.register_forward_pre_hook(ModuleHook(f"forward-pre-hook-kwargs:{spec.path}"),
+                                     with_kwargs=True)
+    module.register_forward_hook(ModuleHook(f"forward-hook-kwargs:{spec.path}"),
+                                 with_kwargs=True, always_call=True)
+
+
 class GradHook:
     """A tensor hook that counts its firings and changes nothing."""
 
@@ -129,7 +150,8 @@ class GradHook:
 
 
 class ModuleHook:
-    """A forward (pre-)hook that counts its firings in its module's counter."""
+    """A module hook (forward or backward, pre or post) that counts its firings in its
+    module's counter and returns None."""
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -149,6 +171,8 @@ _DECORATORS: dict[str, Callable[[nn.Module, DecorationSpec], None]] = {
     "prune": _parametrize(lambda m, n: prune.l1_unstructured(m, n, amount=0.5)),
     "tensor-hooks": _tensor_hooks,
     "module-hooks": _module_hooks,
+    "backward-hooks": _backward_hooks,
+    "forward-kwargs-hooks": _forward_kwargs_hooks,
 }
 
 

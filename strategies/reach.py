@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from swapspec.strategies.calls import call_inputs, flag_settings
+from swapspec.strategies.calls import GRAD_MODES, call_inputs, flag_settings
 from swapspec.strategies.conversions import conversions
 from swapspec.strategies.state_dicts import state_dicts
 from swapspec.strategies.tree_draws import module_trees, tree_specs
@@ -91,8 +91,9 @@ def method_reach(n: int) -> list[frozenset[str]]:
 
 
 def call_reach(n: int, invalid: bool = True) -> list[frozenset[str]]:
-    """Feature sets of ``n`` call inputs, each for a freshly drawn tree."""
-    pairs = module_trees().flatmap(lambda m: call_inputs(m, invalid=invalid))
+    """Feature sets of ``n`` call inputs, each for a freshly drawn tree, under the autograd modes
+    the FC-* properties draw (``GRAD_MODES``)."""
+    pairs = module_trees().flatmap(lambda m: call_inputs(m, invalid=invalid, grad_modes=GRAD_MODES))
     return sample(pairs, n, lambda c: c.features)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
-from swapspec.strategies.decorations import DecorationSpec, decoratable
+from swapspec.strategies.decorations import MODULE_KINDS, DecorationSpec, decoratable
 from swapspec.strategies.tree_options import SHAPES, Draw, TreeOptions, coin
 from swapspec.strategies.tree_spec import (
     CONTAINER_KINDS,
@@ -224,14 +224,15 @@ def draw_decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[Tie
                 and (s.path, s.name) not in (frozen if kind == "tensor-hooks" else tagged | sparse)]
 
     for _ in range(draw(st.integers(1, 2))):
-        feasible = [k for k in kinds if k == "module-hooks" or candidates(k)] if feasible_only else kinds
+        feasible = ([k for k in kinds if k in MODULE_KINDS or candidates(k)] if feasible_only
+                    else kinds)
         if not feasible:
             break
         kind = draw(st.sampled_from(feasible))
-        if kind == "module-hooks":
+        if kind in MODULE_KINDS:
             path = draw(st.sampled_from(modules))
-            if (path, "") not in used:
-                used.add((path, ""))
+            if (path, kind) not in used:
+                used.add((path, kind))
                 out.append(DecorationSpec(kind, path))
             continue
         slots = candidates(kind)

@@ -407,3 +407,90 @@ def test_a_converted_wrapper_subclass_tensor_is_judged_by_its_values():
     assert converted_like(once, TwoTensor(t + 1, t.clone() + 1), values=True)
     assert not converted_like(twice, once, values=True)
     assert converted_like(twice, once, values=False)
+
+
+# ---- FC-VISIBLE's accessors clause ---------------------------------------------------------------
+
+class _Clauses:
+    """A checker stand-in that records the clauses it is told do not hold."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def that(self, holds: bool, clause: str, message: str, code: str | None = None) -> bool:
+        if not holds:
+            self.failed.append(clause)
+        return bool(holds)
+
+
+def _accessor_clauses(functional_call) -> list[str]:
+    """The accessors clauses broken when ``functional_call`` gives a Linear inside a Sequential a
+    Parameter for its weight, a plain tensor for its bias, and a fresh tensor for a buffer."""
+    from swapspec.properties.models.call_state import watch_forward
+    from swapspec.properties.models.oracle import owner_of
+    from swapspec.properties.rules.test_functional_call import _check_accessors
+
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    module[0].register_buffer("steps", torch.zeros(2))
+    given = {"0.weight": torch.nn.Parameter(torch.ones(2, 2)), "0.bias": torch.zeros(2),
+             "0.steps": torch.ones(2)}
+    values = dict(given)  # the call may write rebound slots back into ``given``
+    view, handle = watch_forward(module, {n: owner_of(module, n) for n in given})
+    try:
+        functional_call(module, given, (torch.ones(1, 2),))
+    finally:
+        handle.remove()
+    check = _Clauses()
+    for name, value in values.items():
+        _check_accessors(check, view, name, value)
+    assert set(view.accessed) == set(values)
+    return check.failed
+
+
+def test_the_accessors_clause_holds_for_the_reference():
+    assert _accessor_clauses(reference.functional_call) == []
+
+
+def test_the_accessors_clause_catches_a_buffer_given_as_a_plain_attribute():
+    """``delattr`` then ``setattr`` (functorch's ``make_functional``) leaves a given buffer a
+    plain attribute: ``get_buffer`` refuses it."""
+    from tests.zoo import make_functional
+
+    assert _accessor_clauses(make_functional.functional_call) == ["accessors"]
+
+
+# ---- APPLY-OPTIMIZER's optimizer-state clause ----------------------------------------------------
+
+def _stepped_adam() -> tuple[torch.nn.Linear, torch.optim.Adam]:
+    module = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam(module.parameters(), lr=0.1)
+    module(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    return module, opt
+
+
+def _state_clauses(change) -> list[str]:
+    from swapspec.properties.rules.test_apply_training import (
+        _check_optimizer_state,
+        optimizer_state,
+    )
+
+    module, opt = _stepped_adam()
+    before = optimizer_state(opt)
+    change(module, opt)
+    check = _Clauses()
+    _check_optimizer_state(check, before, opt, {id(p): n for n, p in module.named_parameters()})
+    return check.failed
+
+
+def test_the_optimizer_state_clause_holds_across_a_conversion_of_the_module():
+    assert _state_clauses(lambda module, opt: module.double()) == []
+
+
+@pytest.mark.parametrize("change", [
+    lambda module, opt: opt.state[module.weight]["exp_avg"].add_(1),  # a value changed
+    lambda module, opt: opt.state[module.weight].update(exp_avg=torch.zeros(2, 2)),  # replaced
+    lambda module, opt: opt.state.pop(module.bias),  # an entry dropped
+], ids=["value", "object", "entry"])
+def test_the_optimizer_state_clause_catches_a_changed_state(change):
+    assert "optimizer-state" in _state_clauses(change)

@@ -399,8 +399,8 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
              *setup,
              "view = watch(module, known, given)"]
     body += calls if calls is not None else [
-        f"out = outcome(lambda: target_functional_call(module, tensors, args, kwargs"
-        f"{keyword_code(target, call)}))",
+        *_in_grad_mode(call, f"out = outcome(lambda: target_functional_call(module, tensors, "
+                             f"args, kwargs{keyword_code(target, call)}))"),
         "if isinstance(out, Exception):",
         "    print('raised', type(out).__name__, out)"]
     body += ["after = named(module)",
@@ -409,6 +409,12 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
              "**{f'caller holds {k}': describe(v, known) for k, v in entries(tensors).items()}"
              + _observe(observe) + "}"]
     return _script(example.module, target, body, violations, verify, host_imports(example))
+
+
+def _in_grad_mode(call: Any, line: str) -> list[str]:
+    """``line`` as it runs under the call's autograd mode (``CallInput.grad_mode``)."""
+    mode = getattr(call, "grad_mode", "enabled")
+    return [line] if mode == "enabled" else [f"with torch.{mode}():", f"    {line}"]
 
 
 def _observe(observe: dict[str, str] | None) -> str:

@@ -17,6 +17,7 @@ from swapspec.properties.models.examples import (
 )
 from swapspec.properties.models.outcomes import Outcome, attempt, mark_target_error
 from swapspec.strategies import call_inputs
+from swapspec.strategies.calls import GRAD_MODE_CONTEXTS
 
 
 def run_apply(target: Any, example: Example, fn: Callable) -> Outcome:
@@ -91,11 +92,17 @@ def fixed_keywords(target: Any) -> dict[str, Any]:
 
 
 def call_target(target: Any, module: nn.Module, tensors: Any, args: tuple, kwargs: dict, *,
-                tie_weights: bool = True, strict: bool = False) -> Any:
-    """``target.functional_call``, passing only the keywords the target takes; a call that
-    raises raises (``watched`` checks the invariants on the way)."""
+                tie_weights: bool = True, strict: bool = False, grad_mode: str = "enabled") -> Any:
+    """``target.functional_call`` under the autograd mode ``grad_mode`` (``GRAD_MODES``),
+    passing only the keywords the target takes; a call that raises raises (``watched`` checks
+    the invariants on the way, in the caller's mode)."""
     keywords = target.call_keywords(tie_weights=tie_weights, strict=strict)
-    outcome = watched(lambda: target.functional_call(module, tensors, args, kwargs, **keywords),
+
+    def run() -> Any:
+        with GRAD_MODE_CONTEXTS[grad_mode]():
+            return target.functional_call(module, tensors, args, kwargs, **keywords)
+
+    outcome = watched(run,
                       module, mappings=(tensors,), extras=_call_extras(module, tensors),
                       strict=keywords.get("strict", False), forwards=True)
     if outcome.error is not None:

@@ -92,12 +92,17 @@ class ForwardView:
     buffer_ids: set[int] = field(default_factory=set)
     state_dict: dict[str, Any] = field(default_factory=dict)
     attributes: dict[str, Any] = field(default_factory=dict)
+    # name -> ("parameter" | "buffer", what get_parameter/get_buffer gave: the object or the
+    # error), and name -> whether get_submodule(its prefix) gave the owner; registered slots only.
+    accessed: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    submodule_found: dict[str, bool] = field(default_factory=dict)
     seen: bool = False
 
 
 def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]]):
     """Register a pre-hook that fills a ``ForwardView``; return (view, handle)."""
     view = ForwardView()
+    kinds = {n: _slot_kind(o, k) for n, (o, k) in owners.items()}
 
     def hook(mod, args, kwargs):
         if view.seen:
@@ -108,9 +113,33 @@ def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]]):
         view.buffer_ids = {id(b) for b in mod.buffers()}
         view.state_dict = dict(mod.state_dict(keep_vars=True))
         view.attributes = {n: getattr(o, k, _MISSING) for n, (o, k) in owners.items()}
+        for name, (owner, _) in owners.items():
+            if kinds[name] is not None:
+                _record_accessors(view, mod, name, owner, kinds[name])
         return None
 
     return view, module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _slot_kind(owner: nn.Module, key: str) -> str | None:
+    """``'parameter'`` or ``'buffer'`` for a registered slot; None for any other name (a
+    parametrized name is an attribute, not a slot)."""
+    return "parameter" if key in owner._parameters else "buffer" if key in owner._buffers else None
+
+
+def _record_accessors(view: ForwardView, root: nn.Module, name: str, owner: nn.Module,
+                      kind: str) -> None:
+    """What ``root.get_parameter``/``get_buffer`` (by the slot's kind before the call) and
+    ``get_submodule`` give for the slot ``name``."""
+    getter = root.get_parameter if kind == "parameter" else root.get_buffer
+    try:
+        view.accessed[name] = (kind, getter(name))
+    except Exception as e:  # an accessor's refusal is part of what forward sees
+        view.accessed[name] = (kind, e)
+    try:
+        view.submodule_found[name] = root.get_submodule(name.rpartition(".")[0]) is owner
+    except Exception:
+        view.submodule_found[name] = False
 
 
 def load_into(owner: nn.Module, key: str, value: Any) -> None:
@@ -221,7 +250,8 @@ def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any,
     """What forward does on a loaded copy: the spec's model of the call's result (``own``: as
     for ``loaded_copy``)."""
     copy, kwargs = loaded_copy(module, filled, call, own)
-    return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
+    with call.grad_context():
+        return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
 
 
 def raised_as_a_fresh_build_does(outcome: Outcome, module: nn.Module, args: tuple) -> bool:

@@ -10,7 +10,8 @@ the operation was.
   resulting state would.
 - ``INV-KINDS``: kinds are kept: parameters stay parameters (class, subclass, instance
   attributes, ``requires_grad``), buffers stay buffers (persistent or not), children stay
-  children, and a module keeps its class unless torch's docs say when it changes.
+  children, a module keeps its forward and backward hooks, and its class unless torch's docs
+  say when it changes.
 - ``INV-INDEPENDENT``: modules that share no tensors never affect each other, whatever is done
   to one of them.
 - ``INV-STRICT-EXACT``: strict means exact: every key that does not address a slot is reported
@@ -64,7 +65,8 @@ INVARIANTS: tuple[tuple[str, str], ...] = (
      "resulting state would."),
     (KINDS, "Kinds are kept: parameters stay parameters (class, subclass, instance attributes, "
      "``requires_grad``), buffers stay buffers (persistent or not), children stay children; a "
-     "module keeps its class unless torch's docs say when it changes."),
+     "module keeps its forward and backward hooks, and its class unless torch's docs say when it "
+     "changes."),
     (INDEPENDENT, "Modules that share no tensors never affect each other, whatever is done to one "
      "of them."),
     (STRICT_EXACT, "Strict means exact: every key that does not address a slot is reported "
@@ -213,18 +215,31 @@ def _same_anywhere(now: Tensor, then: Tensor) -> bool:
 
 @dataclass
 class Kinds:
-    """The kind of everything registered, by dotted name: module classes and children,
+    """The kind of everything registered, by dotted name: module classes, children and hooks,
     parameter slots (class, attribute names, ``requires_grad``), buffers (persistent or not)."""
 
-    modules: dict[str, tuple[type, tuple[str, ...]]]
+    modules: dict[str, tuple[type, tuple[str, ...], tuple[tuple[int, ...], ...]]]
     parameters: dict[str, tuple[type, frozenset[str], bool] | None]
     buffers: dict[str, bool]
+
+
+# A module's forward and backward hook tables (``Module._call_impl`` reads them).
+HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def module_hooks(m: nn.Module) -> tuple[tuple[int, ...], ...]:
+    """The handle ids of ``m``'s hooks, per table of :data:`HOOK_TABLES`, but a lazy module's
+    initialization pre-hook, which its first forward removes (torch's documented rule)."""
+    lazy = getattr(m, "_initialize_hook", None)
+    skipped = {lazy.id} if lazy is not None else set()
+    return tuple(tuple(k for k in getattr(m, table, {}) if k not in skipped)
+                 for table in HOOK_TABLES)
 
 
 def kinds(module: nn.Module) -> Kinds:
     mods, params, bufs = {}, {}, {}
     for path, m in module.named_modules(remove_duplicate=False):
-        mods[path] = (type(m), tuple(m._modules))
+        mods[path] = (type(m), tuple(m._modules), module_hooks(m))
         prefix = f"{path}." if path else ""
         for key, p in m._parameters.items():
             params[prefix + key] = None if p is None else (
@@ -244,11 +259,15 @@ def kinds_kept(before: Kinds, module: nn.Module, *, requires_grad: bool = True,
     are those the class sets."""
     now = kinds(module)
     out: list[Violation] = []
-    for path, (cls, children) in before.modules.items():
+    for path, (cls, children, hooks) in before.modules.items():
         got = now.modules.get(path)
         if got is None:
             out.append(Violation(KINDS, f"module {path or '<root>'!r} is gone"))
             continue
+        for table, had, has in zip(HOOK_TABLES, hooks, got[2], strict=True):
+            if had != has:
+                out.append(Violation(KINDS, f"module {path or '<root>'!r}'s {table} changed: "
+                                            f"hook ids {list(had)} -> {list(has)}"))
         if got[0] is not cls and getattr(cls, "cls_to_become", None) is not got[0]:
             out.append(Violation(KINDS, f"module {path or '<root>'!r} became a {got[0].__name__}, "
                                         f"was a {cls.__name__}"))
@@ -350,7 +369,10 @@ def works(module: nn.Module, x: Tensor | None) -> list[Violation]:
     ``state_dict()`` runs; forward on ``x`` (None: no input known) raises where the copy's does
     and gives its output; backward of it raises where the copy's does and gives its grads.
     The module's values and grads are put back after (a lazy module, which a forward would
-    initialize, is not run)."""
+    initialize, is not run). A module holding an inference tensor (made by a forward under
+    ``torch.inference_mode()``: a lazy module initialized there, a buffer rebound there) can
+    neither take part in autograd nor be updated in place outside inference mode, by torch's
+    rules for inference tensors, so both run forward only, under ``inference_mode``."""
     out: list[Violation] = []
     try:
         module.state_dict()
@@ -366,11 +388,13 @@ def works(module: nn.Module, x: Tensor | None) -> list[Violation]:
         return out
     saved = [(t, _clone(t), t.grad, _clone(t.grad))
              for t in {id(t): t for t in named_tensors(module).values()}.values()]
+    autograd = not any(isinstance(t, Tensor) and t.is_inference()
+                       for t in named_tensors(module).values())
     try:
-        mine = _run(module, x)
+        mine = _run(module, x, autograd)
     finally:
         _restore(saved)
-    theirs = _run(fresh, x)
+    theirs = _run(fresh, x, autograd)
     by_values = not mixes_meta_with_values(module)
     if theirs[0] is None:  # a fresh build runs: so must the module, and alike
         if mine[0] is not None:
@@ -384,13 +408,15 @@ def works(module: nn.Module, x: Tensor | None) -> list[Violation]:
     return out
 
 
-def _run(module: nn.Module, x: Tensor) -> tuple[BaseException | None, Any, list]:
-    """``(error, output, grads)`` of a forward and a backward of ``out.float().sum()``, under a
-    fixed seed (dropout draws alike) and the RNG restored after."""
+def _run(module: nn.Module, x: Tensor, autograd: bool = True) -> tuple[BaseException | None, Any, list]:
+    """``(error, output, grads)`` of a forward and (``autograd``) a backward of
+    ``out.float().sum()``, under a fixed seed (dropout draws alike) and the RNG restored after;
+    without ``autograd`` the forward runs under ``inference_mode``."""
     devices = {t.device.type for t in named_tensors(module).values()}
     x = x.to("meta") if devices == {"meta"} else x.clone()
     try:
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.random.fork_rng(devices=[]), (
+                torch.enable_grad() if autograd else torch.inference_mode()):
             torch.manual_seed(0)
             result = module(x)
             if isinstance(result, Tensor) and result.requires_grad and holds_values(result):
@@ -418,15 +444,16 @@ def _clone(t: Tensor | None) -> Tensor | None:
 
 
 def _restore(saved: list) -> None:
-    """Put back each tensor's values, its grad object and the grad's values."""
-    with torch.no_grad():
-        for t, values, grad, grad_values in saved:
-            for dst, src in ((t, values), (grad, grad_values)):
-                if src is not None and (dst.dtype, dst.shape, dst.device) == (
-                        src.dtype, src.shape, src.device):
+    """Put back each tensor's values (an inference tensor's under ``inference_mode``, the only
+    place it can be written), its grad object and the grad's values."""
+    for t, values, grad, grad_values in saved:
+        for dst, src in ((t, values), (grad, grad_values)):
+            if src is not None and (dst.dtype, dst.shape, dst.device) == (
+                    src.dtype, src.shape, src.device):
+                with torch.inference_mode() if dst.is_inference() else torch.no_grad():
                     dst.copy_(src)
-            if t.grad is not grad:
-                t.grad = grad
+        if t.grad is not grad:
+            t.grad = grad
 
 
 def mixes_meta_with_values(module: nn.Module) -> bool:

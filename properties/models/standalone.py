@@ -368,6 +368,19 @@ _META_LAZY_LINES = [
     "                moved[id(t)] = (t, nn.parameter.UninitializedBuffer(t.requires_grad, device='meta', dtype=t.dtype, **persistent))"]
 
 
+# what each module-hook decoration registers (``strategies.decorations``), after ``module.``
+_MODULE_HOOK_LINES = {
+    "module-hooks": ("register_forward_pre_hook(ModuleHook('forward-pre-hook:{path}'))",
+                     "register_forward_hook(ModuleHook('forward-hook:{path}'))"),
+    "backward-hooks": ("register_full_backward_pre_hook(ModuleHook('backward-pre-hook:{path}'))",
+                       "register_full_backward_hook(ModuleHook('backward-hook:{path}'))"),
+    "forward-kwargs-hooks": (
+        "register_forward_pre_hook(ModuleHook('forward-pre-hook-kwargs:{path}'), with_kwargs=True)",
+        "register_forward_hook(ModuleHook('forward-hook-kwargs:{path}'), with_kwargs=True, "
+        "always_call=True)"),
+}
+
+
 def _decoration_lines(spec: TreeSpec) -> list[str]:
     if not spec.decorations:
         return []
@@ -382,10 +395,10 @@ def _decoration_lines(spec: TreeSpec) -> list[str]:
                       f"'tensor-hook:{d.key}'))",
                       f"    {owner}.{d.name}.register_post_accumulate_grad_hook(GradHook("
                       f"{owner}.sw_hook_counts, 'post-accumulate-hook:{d.key}'))"]
-        elif d.kind == "module-hooks":
+        elif d.kind in _MODULE_HOOK_LINES:
             lines += [f"    {owner}.__dict__.setdefault('sw_hook_counts', Counter())",
-                      f"    {owner}.register_forward_pre_hook(ModuleHook('forward-pre-hook:{d.path}'))",
-                      f"    {owner}.register_forward_hook(ModuleHook('forward-hook:{d.path}'))"]
+                      *(f"    {owner}.{line.format(path=d.path)}"
+                        for line in _MODULE_HOOK_LINES[d.kind])]
         else:
             lines.append("    " + _DECORATIONS[d.kind].format(owner=owner, name=d.name))
     return lines

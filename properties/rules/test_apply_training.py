@@ -26,7 +26,7 @@ from swapspec.properties.models.apply_state import (
     snapshot_for_apply,
 )
 from swapspec.properties.models.call_state import fresh_copy_holding
-from swapspec.properties.models.examples import Example, named_tensors
+from swapspec.properties.models.examples import Example, named_tensors, same_values
 from swapspec.properties.models.outcomes import Outcome, attempt, same_output
 from swapspec.properties.models.standalone import tensor_code
 from swapspec.properties.rules.clauses import no_error
@@ -65,7 +65,9 @@ backward_apply_conversions = among([c for c in CONVERSIONS if c.name in BACKWARD
 backward_conversions = st.one_of(
     backward_apply_conversions,
     st.sampled_from([c for c in METHOD_CONVERSIONS if c.name in BACKWARD_SAFE_METHODS]))
-OPTIMIZERS = ("SGD", "Adam")
+# (class, keywords besides lr=0.1): plain SGD keeps no state, SGD with momentum a
+# momentum_buffer per parameter, Adam exp_avg, exp_avg_sq and step.
+OPTIMIZERS = (("SGD", {}), ("SGD", {"momentum": 0.9}), ("Adam", {}))
 # Conversions the module went through before the one under test (a module's life converts it
 # more than once: to(device), then half() for inference...), as ``_apply(fn)``.
 earlier_conversions = st.lists(backward_apply_conversions, max_size=2)
@@ -253,27 +255,57 @@ def fails_without_the_conversion(module: torch.nn.Module, x: torch.Tensor, ran: 
     return ran.error is not None and same_output(ran, _backward(fresh_copy_holding(module), x))
 
 
+def optimizer_state(opt: torch.optim.Optimizer) -> dict[int, tuple[object, dict[str, object]]]:
+    """``{id(parameter): (parameter, {key: (object, a copy of its value)})}`` of ``opt.state``."""
+    def kept(v: object) -> tuple[object, object]:
+        return v, v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+    return {id(p): (p, {k: kept(v) for k, v in entry.items()}) for p, entry in opt.state.items()}
+
+
+def _check_optimizer_state(check: Checker, before: dict, opt: torch.optim.Optimizer,
+                           names_of: dict[int, str]) -> None:
+    """Clause ``optimizer-state``: ``opt.state`` has the same parameter keys as ``before``, and
+    each entry the same objects with the same values (a conversion never reads an optimizer)."""
+    after = {id(p): entry for p, entry in opt.state.items()}
+    check.that(set(after) == set(before), "optimizer-state",
+               f"the optimizer's state has {len(after)} parameter entries, {len(before)} before "
+               "the conversion")
+    for key, (_held, entry) in before.items():  # _held keeps the id from being reused
+        now, name = after.get(key, {}), names_of.get(key, "?")
+        for field, (obj, value) in entry.items():
+            same = now.get(field) is obj and (not isinstance(value, torch.Tensor)
+                                               or same_values(obj, value))
+            check.that(same, "optimizer-state",
+                       f"the optimizer's state[{name!r}][{field!r}] was replaced or changed by "
+                       "the conversion")
+
+
 @spec_property("APPLY-OPTIMIZER")
 @given(module=trainable_trees, conversion=backward_conversions, flags=flag_settings(),
        optimizer=st.sampled_from(OPTIMIZERS), inputs=forward_inputs())
 def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, optimizer, inputs):
     """An optimizer built (and stepped) before the conversion holds the module's parameters after
-    it, wherever the path promises identity (set_data and swap).
+    it, wherever the path promises identity (set_data and swap); its per-parameter state is
+    untouched on every path: the same keys, each entry's objects, and their values.
 
     Origin: the documented recipe "move the model
     before building the optimizer" exists because the overwrite path (and ``model.to(xla)``)
-    leaves optimizers holding the old parameters.
+    leaves optimizers holding the old parameters; ``_apply`` never reads an optimizer.
     """
     params = [p for p in distinct(list(module.parameters()))
               if p.requires_grad and not is_uninitialized(p)]
     assume(params)
-    opt = getattr(torch.optim, optimizer)(params, lr=0.1)
+    name, keywords = optimizer
+    opt = getattr(torch.optim, name)(params, lr=0.1, **keywords)
     opt.zero_grad(set_to_none=True)  # the grads of this training step only
     assume(_backward(module, inputs[0]).error is None)
     assume(attempt(opt.step).error is None)  # Adam refuses sparse grads
     example, check, snap = _setup(target, "APPLY-OPTIMIZER", module, conversion, flags)
     names_of = {id(p): next(n for n, t in snap.names.items() if t is p) for p in params}
+    state_before = optimizer_state(opt)
     outcome = run_converted(target, example)
+    _check_optimizer_state(check, state_before, opt, names_of)
     if no_error(check, outcome, "apply"):
         after = named_tensors(module)
         held = opt.param_groups[0]["params"]
@@ -288,6 +320,7 @@ def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, opt
                             f"named(module)[{name!r}]")
     names = [names_of[id(p)] for p in params]
     _verdict(check, example, target, setup=[
-        f"opt = torch.optim.{optimizer}([named(module)[n] for n in {names!r}], lr=0.1)",
+        f"opt = torch.optim.{name}([named(module)[n] for n in {names!r}], lr=0.1"
+        + "".join(f", {k}={v!r}" for k, v in keywords.items()) + ")",
         "opt.zero_grad(set_to_none=True)", *_backward_lines(inputs[0]), "opt.step()"],
         observe={"optimizer holds": "[describe(p, labels(snap)) for p in opt.param_groups[0]['params']]"})

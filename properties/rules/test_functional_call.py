@@ -70,6 +70,7 @@ from swapspec.strategies import (
     module_trees,
     tree_info,
 )
+from swapspec.strategies.calls import GRAD_MODES
 from swapspec.strategies.decorations import PARAMETRIZATIONS
 
 trees = module_trees(world_chance=WORLD_CHANCE)
@@ -86,7 +87,9 @@ tied_trees = module_trees(tie_chance=100, lazy=False, needs=("alias",), world_ch
 
 def _draw(data, property_id: str, target, *, module_strategy=trees, **options):
     """Draw a module and a call (``options`` go to ``call_inputs``: ``valid=True`` draws only
-    calls the spec accepts, so a property about valid calls filters none out)."""
+    calls the spec accepts, so a property about valid calls filters none out; the call runs
+    under any autograd mode of ``GRAD_MODES`` unless ``grad_modes`` says otherwise)."""
+    options.setdefault("grad_modes", GRAD_MODES)
     module = data.draw(module_strategy, label="module")
     call = data.draw(target_call_inputs(target, module, **options), label="call")
     example = Example(module, call=call)
@@ -105,7 +108,7 @@ def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome
     return attempt(lambda: call_target(
         target, module, call.tensors if tensors is None else tensors,
         call.args if args is None else args, call.kwargs if kwargs is None else kwargs,
-        tie_weights=call.tie_weights, strict=call.strict))
+        tie_weights=call.tie_weights, strict=call.strict, grad_mode=call.grad_mode))
 
 
 def _call_watched(target, module, call, owners, **given) -> tuple[Any, Outcome]:
@@ -209,8 +212,10 @@ def _replaced(module, filled) -> set[int] | None:
 @spec_property("FC-VISIBLE")
 @given(data=st.data())
 def test_fc_given_tensors_visible_in_forward(target, data):
-    """Inside forward, attribute access, ``named_*``, ``parameters()``, ``buffers()`` and
-    ``state_dict()`` all show the given objects.
+    """Inside forward, attribute access, ``named_*``, ``parameters()``, ``buffers()``,
+    ``state_dict()``, ``get_parameter``/``get_buffer`` and ``get_submodule`` all show the given
+    objects (``get_parameter`` refuses with ``AttributeError`` where the given object is not a
+    ``Parameter``, as it refuses any non-``Parameter`` attribute).
 
     Origin: pytorch #92295 (class swapping left ``parameters()`` showing the originals).
     """
@@ -233,6 +238,7 @@ def _check_visible(check: Checker, view, name: str, value: Any, registered: bool
                "given object", code=None)
     if not registered:
         return
+    _check_accessors(check, view, name, value)
     if value is None:
         check.that(name not in view.named, "named-tensors",
                    f"{name!r} was given None but still listed by named_parameters/buffers")
@@ -247,6 +253,31 @@ def _check_visible(check: Checker, view, name: str, value: Any, registered: bool
                    f"state_dict(keep_vars=True) showed another object for {name!r}")
 
 
+def _check_accessors(check: Checker, view, name: str, value: Any) -> None:
+    """Clause ``accessors``: ``get_parameter``/``get_buffer`` give the given object (a
+    parameter slot given a non-``Parameter`` refuses with ``AttributeError``), and
+    ``get_submodule`` gives the slot's owner."""
+    if name not in view.accessed:
+        return
+    kind, got = view.accessed[name]
+    owner_path = name.rpartition(".")[0] or "''"
+    check.that(view.submodule_found[name], "accessors",
+               f"get_submodule({owner_path!r}) did not give the module owning {name!r}")
+    if kind == "parameter" and not isinstance(value, nn.Parameter):
+        check.that(isinstance(got, AttributeError), "accessors",
+                   f"get_parameter({name!r}) gave {_described(got)} where {name!r} was given "
+                   f"{_described(value)}, not a Parameter (want AttributeError)")
+        return
+    check.that(got is value, "accessors",
+               f"get_{kind}({name!r}) gave {_described(got)}, not the given object")
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
 @spec_property("FC-ORACLE")
 @given(data=st.data())
 def test_fc_matchesloaded_copy(target, data):
@@ -259,7 +290,8 @@ def test_fc_matchesloaded_copy(target, data):
     filled = _expected(module, call)
     assume(not isinstance(filled, ExpectedError))
     copy, copy_kwargs = loaded_copy(module, filled, call)
-    want = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
+    with call.grad_context():
+        want = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
     orders = {"before": slot_orders(module)}
     handle = module.register_forward_pre_hook(
         lambda m, a: None if "in forward" in orders else orders.update({"in forward": slot_orders(m)}))
@@ -349,7 +381,9 @@ def test_fc_input_forms(target, data):
 
     Origin: ``torch.func.functional_call`` accepts a tuple of dicts (PR #92536).
     """
-    module, call, example, check = _draw(data, "FC-INPUT-FORMS", target, valid=True)
+    # The forms' repro runs each form in the default autograd mode.
+    module, call, example, check = _draw(data, "FC-INPUT-FORMS", target, valid=True,
+                                         grad_modes=("enabled",))
     merged = call.merged()
     assume(not isinstance(_expected(module, call, merged), ExpectedError))
     cut = data.draw(st.integers(0, len(merged)), label="split at")
@@ -424,7 +458,8 @@ def test_fc_write_back(target, data):
     loaded_objects = {n: getattr(o, k) for n, (o, k) in loaded.items()}
     held_by_copy = {id(t) for t in named_tensors(copy).values()}
     held_before = {id(t) for t in named_tensors(module).values()} | {id(v) for v in given.values()}
-    copy_out = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
+    with call.grad_context():
+        copy_out = attempt(lambda: copy(*[clone_value(a) for a in call.args], **copy_kwargs))
     outcome = _call(target, module, call)
     same_outcome = check.that(type(outcome.error) is type(copy_out.error), "forward-outcome",
                               f"forward outcome differs from the loaded copy's: {_show(outcome)}")
