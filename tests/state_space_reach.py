@@ -13,7 +13,7 @@ Commands (repository root, the venv's python)::
     .venv/bin/python tests/state_space_reach.py --json N [SAMPLE ...]  # {sample: {tag: share}}
 
 ``N`` defaults to :data:`DEFAULT_N`. The samples (each derandomized, generate phase only, no database;
-the ``life``, ``catalogue`` and ``seq`` samples draw fewer, see :data:`SAMPLES`):
+the ``seq`` sample draws fewer, see :data:`SAMPLES`):
 
 * ``tree``: ``module_trees()`` (defaults: what most properties draw).
 * ``life``: ``module_trees(**LIFE_OPTIONS)``: decorations and training in every tree, wrappers in half.
@@ -275,7 +275,7 @@ def _seq(n: int) -> list[frozenset[str]]:
 # name -> (sampler, divisor): the sample draws N // divisor examples (sequences: up to 15 steps).
 SAMPLES: dict[str, tuple[Callable[[int], list[frozenset[str]]], int]] = {
     "tree": (_tree_sample(), 1),
-    "life": (_life, 2),
+    "life": (_life, 1),
     "world": (_world, 1),
     "catalogue": (_catalogue, 1),
     "conversion": (_conversion, 1),

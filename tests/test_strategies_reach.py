@@ -34,8 +34,6 @@ TREE_FLOORS = {
         [
             *(f"depth={d}" for d in range(5)),
             *(f"container: {k}" for k in ("Sequential", "ModuleList", "ModuleDict", "custom")),
-            *(f"leaf: {k}" for k in ("generic", "Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding",
-                                     "SparseEmbedding")),
             *(f"param-dtype: {d}" for d in ("float32", "float16", "float64", "bfloat16", "complex64")),
             *(f"buffer-dtype: {d}" for d in ("float32", "int64", "bool")),
             "param-0d", "buffer-0d", "tensor-4d",
@@ -47,6 +45,9 @@ TREE_FLOORS = {
         ],
         0.05,
     ),
+    # Each leaf kind (measured minimum 3.6% on this sample, Linear; derandomized draws are lumpy).
+    **{f"leaf: {k}": 0.025 for k in ("generic", "Linear", "Conv1d", "Conv2d", "BatchNorm1d",
+                                     "LayerNorm", "Embedding", "SparseEmbedding")},
     # Rarer since sparse embeddings, catalogue leaves, decorations, training and wrappers joined
     # the draws (measured 1.2-4.8% on this sample).
     **dict.fromkeys(["leaf: LazyLinear-uninitialized", "tie-3plus-aliases", "forward-raises",
@@ -217,18 +218,17 @@ def test_load_outcome_reach(outcome: str) -> None:
 
 
 # Sequences on the reference: the share of sequences that ran each step at least once, measured
-# on 30 derandomized sequences (the CI profile runs 20 per SEQ- test): vmap 32.3%, tie 12.9%,
-# untie 19.4%, backward and optimizer_step 3.2% (the rarest), every other step 9.7-61.3%.
+# on the 66 derandomized sequences below (drawn in a fresh process): tie 7.6% and untie 5.1%
+# (the rarest), optimizer_step 11.4%, build_optimizer 13.9%, every other step 12.7-69.6%.
 # Hypothesis' swarm testing turns a random subset of the rules off per sequence, and it draws
-# the rules it sorts first more often, so shares are lumpy: every step's floor is one sequence,
-# the new rules' sit below their measured shares. Lengths (steps after the build): mean 6.45
-# (21 of 31 ran 9; a test case that overruns Hypothesis' buffer ends early).
+# the rules it sorts first more often, so shares are lumpy: every floor sits below its measured
+# share.
 SEQUENCES = 66
 SEQUENCE_FLOORS = {
     **dict.fromkeys(("convert", "functional_call", "load_state_dict", "state_dict_round_trip",
                      "deepcopy", "backward", "register_hooks", "build_optimizer",
                      "optimizer_step", "zero_grad", "requires_grad_"), 0.03),
-    "tie": 0.08, "untie": 0.08, "vmap": 0.08,
+    "tie": 0.04, "untie": 0.04, "vmap": 0.08,  # tie 7.6%, untie 5.1% on the 66 sequences
 }
 SEQUENCE_MEAN_LENGTH_FLOOR = 5
 
