@@ -1324,3 +1324,22 @@ def test_an_ignored_none_rnn_weight_hides_forward_error_exactly_when_predicted(
         raised = type(e)
     assert predicted == (raised is ForwardError)
     assert raised is (TypeError if another_weight else ForwardError if later_raises else None)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_tensor_converted_twice_is_declared_only_where_it_holds_values(device):
+    """torch applies ``add(1)`` twice to a tied parameter (``torch.apply.non-idempotent-twice``);
+    on ``meta`` the ``+2`` shows in no value, so the declaration must not apply there."""
+    from swapspec.properties.declarations.torch_apply import non_idempotent_twice
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+    from swapspec.strategies.conversions import ADD_ONE
+
+    module = torch.nn.Module()
+    module.a = torch.nn.Parameter(torch.zeros(1, device=device))
+    module.b = module.a
+    example = Example(module, conversion=ADD_ONE, flags=FlagSetting(overwrite=False, swap=False))
+    assert non_idempotent_twice(example) is (device == "cpu")
+    if device == "cpu":  # what the declaration says torch does
+        module._apply(lambda t: t + 1)
+        assert module.a.item() == 2.0

@@ -413,17 +413,19 @@ def _converts_result_again(example: Example, tensors: list[Tensor]) -> bool:
 
 
 def non_idempotent_twice(example: Example) -> bool:
-    """``add(1)`` applied twice to some tensor: its value ends ``+2``."""
+    """``add(1)`` applied twice to some tensor that holds values (a ``meta`` tensor's ``+2``
+    shows in no value): its value ends ``+2``."""
     if example.conversion.name != "add(1)":
         return False
-    return _converts_result_again(example, [*_params(example), *_buffers(example)])
+    return _converts_result_again(example, [t for t in [*_params(example), *_buffers(example)]
+                                            if holds_values(t)])
 
 
 def non_idempotent_twice_on_grads(example: Example) -> bool:
-    """``add(1)`` applied twice to a parameter that has a grad: the grad ends ``+2``."""
+    """``add(1)`` applied twice to a parameter whose grad holds values: the grad ends ``+2``."""
     if example.conversion.name != "add(1)":
         return False
-    with_grad = [p for p in _params(example) if p.grad is not None]
+    with_grad = [p for p in _params(example) if p.grad is not None and holds_values(p.grad)]
     return _converts_result_again(example, with_grad)
 
 
