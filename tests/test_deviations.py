@@ -1343,3 +1343,14 @@ def test_a_tensor_converted_twice_is_declared_only_where_it_holds_values(device)
     if device == "cpu":  # what the declaration says torch does
         module._apply(lambda t: t + 1)
         assert module.a.item() == 2.0
+
+
+def test_remove_spectral_norm_leaves_its_load_pre_hook_so_no_round_trip_loads():
+    """Why no strategy draws ``remove_spectral_norm`` (docs/state-space.md):
+    torch removes the forward pre-hook and the state_dict hook, but misses the load pre-hook
+    (registered wrapped), which then demands the keys spectral norm had (torch 2.13)."""
+    module = torch.nn.Linear(3, 3)
+    torch.nn.utils.remove_spectral_norm(torch.nn.utils.spectral_norm(module), "weight")
+    assert (len(module._forward_pre_hooks), len(module._load_state_dict_pre_hooks)) == (0, 1)
+    with pytest.raises(RuntimeError, match=r'Missing key.*"weight_orig", "weight_u"'):
+        module.load_state_dict(module.state_dict())
