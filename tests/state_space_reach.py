@@ -10,7 +10,6 @@ Commands (repository root, the venv's python)::
 
     .venv/bin/python tests/state_space_reach.py [N]          # every sample/tag share, N draws each
     .venv/bin/python tests/state_space_reach.py --check [N]  # the doc's figures against their floors
-    .venv/bin/python tests/state_space_reach.py --json N [SAMPLE ...]  # {sample: {tag: share}}
 
 ``N`` defaults to :data:`DEFAULT_N`. The samples (each derandomized, generate phase only, no database;
 the ``seq`` sample draws fewer, see :data:`SAMPLES`):
@@ -39,7 +38,6 @@ depend on the samples drawn before it.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -332,11 +330,8 @@ def check_figures(figures: Iterable[Figure], measured: dict[str, dict[str, float
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
-    args = [a for a in argv if a not in ("--check", "--json")]
+    args = [a for a in argv if a != "--check"]
     n = int(args[0]) if args else DEFAULT_N
-    if "--json" in argv:
-        print(json.dumps(measure(n, args[1:] or None)))
-        return 0
     start = time.perf_counter()
     if check:
         figures = doc_figures(DOC.read_text())

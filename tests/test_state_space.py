@@ -20,15 +20,15 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import json
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from torch import nn
+
+from tests.fresh_sample import sample_in_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "state-space.md"
@@ -245,13 +245,9 @@ def tag_rows_not_drawn(text: str, measured: dict[str, dict[str, float]],
 
 @functools.lru_cache(maxsize=1)
 def _measured(samples: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    """The shares the documented command measures: the script in a fresh process, so the
-    sample does not depend on what this session has loaded (``state_space_reach``'s docstring)."""
-    script = ROOT / "tests" / "state_space_reach.py"
-    done = subprocess.run([sys.executable, str(script), "--json", str(N), *samples],
-                          capture_output=True, text=True, cwd=ROOT, check=False)
-    assert done.returncode == 0, f"{script.name} --json failed:\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout.splitlines()[-1])
+    """The shares the documented command measures, drawn in a fresh process
+    (``tests/fresh_sample.py``), so they do not depend on what this session has loaded."""
+    return sample_in_fresh_process("tests.state_space_reach:measure", N, list(samples))
 
 
 # ---- the page -----------------------------------------------------------------------------------
