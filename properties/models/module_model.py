@@ -313,6 +313,23 @@ class ModuleModel:
             state.requires_grad = requires_grad
         return Prediction()
 
+    def in_place_on_fresh(self, operation: Callable[[nn.Module], Any]) -> Prediction:
+        """An operation that writes tensors and grads in place and rebinds no slot
+        (``Module.apply`` of a weight-init function, a grad clipping call): the model takes its
+        effect on a fresh build holding the model's values and grads; objects, ties, classes
+        and hooks stay. An error there is the prediction (nothing changes)."""
+        copy, objects = self.fresh()
+        try:
+            result = operation(copy)
+        except Exception as e:
+            return Prediction(error=type(e))
+        for i, state in enumerate(self.tensors):
+            now = objects[i]
+            state.value = _copy(now)
+            if state.parameter:
+                state.grad = None if now.grad is None else _copy(now.grad)
+        return Prediction(result=result)
+
     def build_optimizer(self, indices: list[int]) -> None:
         """An optimizer over these tensors, in this order."""
         self.optimizer = list(indices)

@@ -12,9 +12,12 @@ module from the tree strategy; each later step is one rule, drawn with its argum
   (``setattr(owner, key, tensor)``), or one slot of a tie given its own copy (untie);
 - ``load_state_dict``: ``target.load_state_dict`` (only for targets that have one);
 - ``backward`` (``create_graph`` either way), ``build_optimizer``/``optimizer_step`` (SGD),
-  ``zero_grad`` (``set_to_none`` either way), ``requires_grad_`` (either way: the target's
-  method), ``register_hooks`` (counting tensor hooks),
+  ``zero_grad`` (``set_to_none`` either way), ``clip_grads`` (a ``torch.nn.utils.clip_grad_*``
+  call), ``requires_grad_`` (either way: the target's method), ``register_hooks`` (counting
+  tensor hooks), ``module_apply`` (``Module.apply`` of a weight-init function),
   ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
+
+Conversions and loads run under the default dtype the build drew (torch's, or float64).
 
 The model (:mod:`~swapspec.properties.models.module_model`) predicts each step first, without calling
 the target; after the step the machine checks one invariant, chosen per property:
@@ -111,9 +114,12 @@ from swapspec.strategies.decorations import OLD_STYLE
 from swapspec.strategies.host_leaves import HostLeaf
 from swapspec.strategies.host_material import host_material
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS
+from swapspec.strategies.module_steps import GradClip, grad_clips, module_fn_source, module_fns
 
 # The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
-# (``properties.harness.pairs``) are what the report measures.
+# (``properties.harness.pairs``) are what the report measures and the pair schedule runs.
+# ``module_apply`` and ``clip_grads`` run in free sequences only: their 60 more ordered pairs
+# per target would take the CI-profile run of the built-in targets past its 5-minute budget.
 RULES = ("convert", "functional_call", "vmap", "tie", "untie", "load_state_dict", "backward",
          "build_optimizer", "optimizer_step", "zero_grad", "requires_grad_", "register_hooks",
          "state_dict_round_trip", "deepcopy")
@@ -192,6 +198,22 @@ LOAD_KINDS = ("other-values", "float64", "own", "wrong-shape")
 # ``requires_grad_(False)`` is soon trainable again and the training steps that need a trainable
 # parameter (hooks, the optimizer) keep their share of the steps.
 UNFREEZE_MOSTLY = st.sampled_from((True, True, True, False))
+
+
+# The default dtype a life runs its conversions and loads under, drawn at the build: torch's
+# own, or float64 as a program that sets it first has (no operation of the three may read it).
+DEFAULT_DTYPES = (torch.float32, torch.float64)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.set_default_dtype(dtype)`` inside, the default dtype before it after."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 # Budget: steps per sequence, and the share of the profile's max_examples a sequence property
@@ -302,6 +324,7 @@ class SequenceMachine(RuleBasedStateMachine):
         if self.froze:
             gc.freeze()
         self.vmappable = False
+        self.default_dtype = torch.float32
 
     def teardown(self) -> None:
         """Record the sequence's ordered pairs of rules (``properties.harness.pairs``); unfreeze
@@ -316,9 +339,12 @@ class SequenceMachine(RuleBasedStateMachine):
 
     # ---- build -----------------------------------------------------------------------
 
-    @initialize(module=trees, inputs=forward_inputs(), palette=palettes)
-    def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any]) -> None:
+    @initialize(module=trees, inputs=forward_inputs(), palette=palettes,
+                dtype=st.sampled_from(DEFAULT_DTYPES))
+    def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any],
+              dtype: torch.dtype = torch.float32) -> None:
         self.module, (self.x,), self.palette = module, inputs, palette
+        self.default_dtype = dtype
         spec = tree_info(module).spec
         self.model = ModuleModel.observe(module, spec)
         # Old-style reparametrizations (weight_norm, spectral_norm, prune) store their computed
@@ -341,14 +367,15 @@ class SequenceMachine(RuleBasedStateMachine):
         conversion = data.draw(st.sampled_from(self.palette), label="conversion")
         check = self.begin("convert", conversion=conversion, flags=flags)
         before = self.model.snapshot()
-        prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
-                                        conversion.preserves_values)
         open_values = not conversion.preserves_values
-        with defined_empty_memory(open_values):
-            outcome = attempt(lambda: self.target.apply(self.module, conversion.make_fn(),
-                                                        overwrite=flags.overwrite, swap=flags.swap)
-                              if conversion.call is None else
-                              _call_method(self.target, self.module, conversion.call, flags))
+        with default_dtype(self.default_dtype):
+            prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
+                                            conversion.preserves_values)
+            with defined_empty_memory(open_values):
+                outcome = attempt(lambda: self.target.apply(
+                    self.module, conversion.make_fn(), overwrite=flags.overwrite, swap=flags.swap)
+                    if conversion.call is None else
+                    _call_method(self.target, self.module, conversion.call, flags))
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
             self.model.poisoned = True  # a rolled-back swap poisons autograd nodes too
@@ -357,7 +384,7 @@ class SequenceMachine(RuleBasedStateMachine):
                  repro.method_lines(self.target, conversion.call, flags.overwrite, flags.swap))
         if open_values:
             lines = [*DEFINED_EMPTY_MEMORY_LINES[0], *lines, *DEFINED_EMPTY_MEMORY_LINES[1]]
-        self.after(check, prediction, outcome, lines)
+        self.after(check, prediction, outcome, self.under_default_dtype(lines))
         self.stop_checking_lost_hooks(check)
 
     @rule(data=st.data())
@@ -462,16 +489,24 @@ class SequenceMachine(RuleBasedStateMachine):
                          invalid=("wrong-shape",) if bad else (), bad_keys=bad)
         check = self.begin("load_state_dict", load=load)
         before = self.model.snapshot()
-        prediction = (Prediction(error=RuntimeError) if bad else
-                      self.model.load(values, assign=assign, swap=swap, own=kind == "own"))
-        outcome = attempt(lambda: self.target.load_state_dict(
-            self.module, state_dict, strict=True, assign=assign, swap=swap))
+        with default_dtype(self.default_dtype):
+            prediction = (Prediction(error=RuntimeError) if bad else
+                          self.model.load(values, assign=assign, swap=swap, own=kind == "own"))
+            outcome = attempt(lambda: self.target.load_state_dict(
+                self.module, state_dict, strict=True, assign=assign, swap=swap))
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
             self.model.poisoned = True
-        self.after(check, prediction, outcome, repro.load_lines(self.target, kind, state_dict,
-                                                                  assign, swap))
+        self.after(check, prediction, outcome, self.under_default_dtype(
+            repro.load_lines(self.target, kind, state_dict, assign, swap)))
         self.stop_checking_lost_hooks(check)
+
+    def under_default_dtype(self, lines: list[str]) -> list[str]:
+        """A step's repro lines, run under the life's default dtype where it is not torch's."""
+        if self.default_dtype == torch.float32:
+            return lines
+        return [f"torch.set_default_dtype({self.default_dtype})", *lines,
+                "torch.set_default_dtype(torch.float32)"]
 
     def load_values(self, kind: str, data: st.DataObject
                     ) -> tuple[dict[str, Any], dict[int, Tensor], tuple[str, ...]]:
@@ -501,22 +536,28 @@ class SequenceMachine(RuleBasedStateMachine):
     @while_judged
     def train(self, data: st.DataObject) -> None:
         """One training step, drawn among those that can run now: ``backward`` (plain or
-        ``create_graph``), ``zero_grad`` (``set_to_none`` either way), registering counting
-        hooks, building the optimizer (SGD) or stepping it."""
+        ``create_graph``), ``zero_grad`` (``set_to_none`` either way), clipping the grads
+        (``clip_grads``, where a grad exists)."""
         kinds = ["zero-grad"]
         if not self.model.poisoned:
             kinds.insert(0, "backward")
-        if trainable(self.model):
-            kinds += ["register-hooks", "optimizer-step" if self.opt is not None
-                      else "build-optimizer"]
+        if any(t.grad is not None for t in self.model.tensors):
+            kinds.append("clip-grads")
         kind = data.draw(st.sampled_from(kinds), label="training step")
         if kind == "backward":
             self.backward(data.draw(st.booleans(), label="create_graph"))
         elif kind == "zero-grad":
             self.zero_grad(data.draw(st.booleans(), label="set_to_none"))
-        elif kind == "register-hooks":
-            self.register_hooks(data)
-        elif kind == "build-optimizer":
+        else:
+            self.clip_grads(data.draw(grad_clips(), label="clip"))
+
+    @precondition(lambda self: self.judged and trainable(self.model))
+    @rule()
+    @while_judged
+    def optimize(self) -> None:
+        """The optimizer's step: build one (SGD over the trainable parameters) where the
+        sequence has none, else step it."""
+        if self.opt is None:
             self.build_optimizer()
         else:
             self.optimizer_step()
@@ -562,12 +603,34 @@ class SequenceMachine(RuleBasedStateMachine):
         lines = ["error = None", *repro.guarded(["opt.step()"])]
         self.after(check, prediction, outcome, lines)
 
+    def clip_grads(self, clip: GradClip) -> None:
+        """A ``torch.nn.utils.clip_grad_*`` call on ``module.parameters()``: the grads as the
+        same call leaves a fresh build's (``ModuleModel.in_place_on_fresh``)."""
+        check = self.begin("clip_grads")
+        prediction = self.model.in_place_on_fresh(clip)
+        outcome = attempt(lambda: clip(self.module))
+        lines = ["error = None", *repro.guarded([clip.source()])]
+        self.after(check, Prediction(error=prediction.error), outcome, lines)
+
     def zero_grad(self, set_to_none: bool) -> None:
         check = self.begin("zero_grad")
         self.model.zero_grad(set_to_none)
         outcome = attempt(lambda: self.module.zero_grad(set_to_none=set_to_none))
         self.after(check, Prediction(), outcome,
                    [f"module.zero_grad(set_to_none={set_to_none})"])
+
+    @rule(fn=module_fns())
+    @while_judged
+    def module_apply(self, fn: Callable[[nn.Module], None]) -> None:
+        """``module.apply(fn)``: a user's function on every module, children first
+        (``strategies.module_steps``: weight initialization in place), predicted as the same
+        call on a fresh build (``ModuleModel.in_place_on_fresh``)."""
+        check = self.begin("module_apply")
+        prediction = self.model.in_place_on_fresh(lambda copy: copy.apply(fn))
+        outcome = attempt(lambda: self.module.apply(fn))
+        lines = [*module_fn_source(fn).splitlines(), "error = None",
+                 *repro.guarded([f"module.apply({fn.__name__})"])]
+        self.after(check, Prediction(error=prediction.error), outcome, lines)
 
     @rule(requires_grad=UNFREEZE_MOSTLY)
     @while_judged
@@ -583,7 +646,12 @@ class SequenceMachine(RuleBasedStateMachine):
             "swap=False)"])]
         self.after(check, prediction, outcome, lines)
 
+    @precondition(lambda self: self.judged and trainable(self.model))
+    @rule(data=st.data())
+    @while_judged
     def register_hooks(self, data: st.DataObject) -> None:
+        """A counting ``register_hook`` and ``register_post_accumulate_grad_hook`` on a drawn
+        trainable parameter."""
         candidates = trainable(self.model)
         index = data.draw(st.sampled_from(candidates), label="parameter")
         name, key = self.model.tensors[index].names[0], f"h{len(self.model.hooks) // 2}"

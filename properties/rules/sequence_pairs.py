@@ -39,7 +39,13 @@ from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 
 from swapspec.properties.harness.marking import per_target_cases
-from swapspec.properties.rules.sequence_machine import RULES, SequenceMachine, palettes, trees
+from swapspec.properties.rules.sequence_machine import (
+    DEFAULT_DTYPES,
+    RULES,
+    SequenceMachine,
+    palettes,
+    trees,
+)
 from swapspec.properties.rules.sequence_values import trainable
 from swapspec.strategies import flag_settings, forward_inputs
 
@@ -164,7 +170,8 @@ def run_pair(target: Any, property_id: str, pair: tuple[str, str], data: st.Data
         try:
             machine.build(data.draw(trees, label="module"),
                           data.draw(forward_inputs(), label="x"),
-                          data.draw(palettes, label="palette"))
+                          data.draw(palettes, label="palette"),
+                          data.draw(st.sampled_from(DEFAULT_DTYPES), label="default dtype"))
             assume(all(can_reach(machine, rule) for rule in pair))
             first, then = pair
             run_rule(machine, first, data)
