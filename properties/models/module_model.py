@@ -108,6 +108,10 @@ class ModuleModel:
     # tensors (a batch norm saves its running stats, a linear its weight), so a swap may be
     # refused. zero_grad does not reach it; only a deepcopy (all new objects) leaves it behind.
     orphan_graph: bool = False
+    # A forward's output is held with its autograd graph (the machine's ``keep_graph``): the
+    # graph can hold the module's tensors (a linear saves its weight), so a swap may be refused,
+    # and an AccumulateGrad node a swap poisons stays alive (no backward) until it is released.
+    kept_graph: bool = False
     # Tensors a declared deviation left deaf to new hooks (clause ``after-hook-lost``): a hook
     # registered on one of them later is not held to the model either.
     deaf: set[int] = field(default_factory=set)
@@ -188,10 +192,11 @@ class ModuleModel:
     # ---- operations ------------------------------------------------------------------
 
     def holds_graphs(self) -> bool:
-        """Whether an autograd graph from a ``backward(create_graph=True)`` may hold the
-        module's tensors: one ran since the grads were cleared, a grad carries one, or a tensor
-        that left the module carried one (``orphan_graph``)."""
-        return self.graph_backward or self.orphan_graph or any(t.grad_graph for t in self.tensors)
+        """Whether an autograd graph may hold the module's tensors: a forward's output is held
+        (``kept_graph``), a ``backward(create_graph=True)`` ran since the grads were cleared, a
+        grad carries one, or a tensor that left the module carried one (``orphan_graph``)."""
+        return (self.kept_graph or self.graph_backward or self.orphan_graph
+                or any(t.grad_graph for t in self.tensors))
 
     def convert(self, make_fn: Callable[[], Callable], overwrite: bool, swap: bool,
                 preserves_values: bool = True) -> Prediction:
@@ -294,8 +299,10 @@ class ModuleModel:
         return filled
 
     def zero_grad(self, set_to_none: bool) -> None:
-        """``module.zero_grad(set_to_none)``: grads become None, or zeros without a graph."""
-        self.poisoned = self.graph_backward = False
+        """``module.zero_grad(set_to_none)``: grads become None, or zeros without a graph; a
+        poisoned node a held graph keeps alive stays poisoned."""
+        self.poisoned = self.poisoned and self.kept_graph
+        self.graph_backward = False
         for state in self.tensors:
             if state.grad is not None:
                 state.grad = None if set_to_none else torch.zeros_like(state.grad)
@@ -373,7 +380,7 @@ class ModuleModel:
         """``copy.deepcopy(module)``: same values in new objects, parameters without grads
         (``Parameter.__deepcopy__`` copies the data only); tensor hooks and the optimizer stay
         with the old objects, and the new objects take new hooks."""
-        self.poisoned = self.graph_backward = self.orphan_graph = False
+        self.poisoned = self.graph_backward = self.orphan_graph = self.kept_graph = False
         self.deaf = set()
         for state in self.tensors:
             state.obj = None

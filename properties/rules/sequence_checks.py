@@ -50,7 +50,7 @@ def step_snapshot(machine: Any, step: str, example: dict) -> Any:
 
 
 # steps that run the module's own forward
-FORWARD_RUNNING_STEPS = ("backward", "functional_call", "vmap")
+FORWARD_RUNNING_STEPS = ("backward", "functional_call", "vmap", "keep_graph")
 
 
 def step_invariants(machine: Any, step: str, outcome: Outcome) -> list[Violation]:

@@ -14,7 +14,8 @@ module from the tree strategy; each later step is one rule, drawn with its argum
 - ``backward`` (``create_graph`` either way), ``build_optimizer``/``optimizer_step`` (SGD),
   ``zero_grad`` (``set_to_none`` either way), ``clip_grads`` (a ``torch.nn.utils.clip_grad_*``
   call), ``requires_grad_`` (either way: the target's method), ``register_hooks`` (counting
-  tensor hooks), ``module_apply`` (``Module.apply`` of a weight-init function),
+  tensor hooks), ``module_apply`` (``Module.apply`` of a weight-init function), ``keep_graph``
+  (a forward's output held with its graph, or released),
   ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
 
 Conversions and loads run under the default dtype the build drew (torch's, or float64).
@@ -90,6 +91,7 @@ from swapspec.properties.rules.sequence_values import (
     agrees,
     count_hooks,
     given_value,
+    graph_forward,
     load_value,
     no_grad_forward,
     own_copy,
@@ -118,8 +120,9 @@ from swapspec.strategies.module_steps import GradClip, grad_clips, module_fn_sou
 
 # The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
 # (``properties.harness.pairs``) are what the report measures and the pair schedule runs.
-# ``module_apply`` and ``clip_grads`` run in free sequences only: their 60 more ordered pairs
-# per target would take the CI-profile run of the built-in targets past its 5-minute budget.
+# ``module_apply``, ``clip_grads`` and ``keep_graph``/``release_graph`` run in free sequences
+# only: their ordered pairs (124 more per target) would take the CI-profile run of the built-in
+# targets past its 5-minute budget.
 RULES = ("convert", "functional_call", "vmap", "tie", "untie", "load_state_dict", "backward",
          "build_optimizer", "optimizer_step", "zero_grad", "requires_grad_", "register_hooks",
          "state_dict_round_trip", "deepcopy")
@@ -325,6 +328,7 @@ class SequenceMachine(RuleBasedStateMachine):
             gc.freeze()
         self.vmappable = False
         self.default_dtype = torch.float32
+        self.kept: Tensor | None = None  # a forward's output held with its graph (keep_graph)
 
     def teardown(self) -> None:
         """Record the sequence's ordered pairs of rules (``properties.harness.pairs``); unfreeze
@@ -619,6 +623,29 @@ class SequenceMachine(RuleBasedStateMachine):
         self.after(check, Prediction(), outcome,
                    [f"module.zero_grad(set_to_none={set_to_none})"])
 
+    @rule()
+    @while_judged
+    def keep_graph(self) -> None:
+        """Hold a forward's output with its autograd graph (``out = module(x)``, kept as code
+        that stores a loss for later does), or release the one held. While one is held, a swap
+        may be refused (``ModuleModel.kept_graph``); the held graph is never run backward."""
+        if self.kept is not None:
+            check = self.begin("release_graph")
+            self.kept = None
+            self.model.kept_graph = False
+            self.after(check, Prediction(), Outcome(), ["del out  # the held graph is released"])
+            return
+        check = self.begin("keep_graph")
+        prediction = self.model.forward(self.x)
+        outcome = attempt(lambda: graph_forward(self.module, self.x))
+        if outcome.error is None:
+            self.kept = outcome.result
+            self.model.kept_graph = True
+        lines = ["error = None", *repro.guarded([
+            "with torch.enable_grad():",
+            "    out = module(x.clone())  # held: its graph can hold the module's tensors"])]
+        self.after(check, Prediction(error=prediction.error), outcome, lines)
+
     @rule(fn=module_fns())
     @while_judged
     def module_apply(self, fn: Callable[[nn.Module], None]) -> None:
@@ -682,7 +709,7 @@ class SequenceMachine(RuleBasedStateMachine):
         check = self.begin("deepcopy")
         outcome = attempt(lambda: copy.deepcopy(self.module))
         if outcome.error is None:  # torch refuses to deep-copy non-leaf tensors: no step then
-            self.module = outcome.result
+            self.module, self.kept = outcome.result, None
             self.model.deepcopied()
         lines = ["try:", "    module = copy.deepcopy(module)", "except RuntimeError as e:",
                  "    print('deepcopy refused:', e)"]

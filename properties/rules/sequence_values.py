@@ -90,6 +90,12 @@ def run_backward(module: nn.Module, x: Tensor, create_graph: bool) -> None:
             out.float().sum().backward(create_graph=create_graph)
 
 
+def graph_forward(module: nn.Module, x: Tensor) -> Tensor:
+    """The module's output on ``x`` with its autograd graph (grad mode on)."""
+    with torch.enable_grad():
+        return module(x.clone())
+
+
 def no_grad_forward(module: nn.Module, x: Tensor) -> Tensor:
     with torch.no_grad():
         return module(x.clone())
