@@ -483,6 +483,8 @@ def test_a_leaks_everything_and_fails():
     reference.set_overwrite_module_params_on_conversion(True)
     torch.set_default_dtype(torch.float64)
     torch.set_grad_enabled(False)
+    torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: None)
+    torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None)
     torch.manual_seed(0)
     random.seed(0)
     raise AssertionError("planted failure")
@@ -495,6 +497,8 @@ def test_b_sees_everything_restored():
     assert not reference.get_overwrite_module_params_on_conversion()
     assert torch.get_default_dtype() == torch.float32
     assert torch.is_grad_enabled()
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    assert not torch.nn.modules.module._global_backward_hooks
     assert torch.equal(torch.get_rng_state(), TORCH_RNG)
     assert random.getstate() == PY_RNG
 
@@ -517,9 +521,9 @@ def test_isolation_restores_and_names_leaks(tmp_path):
     assert run.returncode == 1, run.output[-3000:]
     summary = run.stdout.splitlines()[-1]
     assert "1 failed, 3 passed, 2 errors" in summary, summary
-    leaked_all = ("test leaked global state (now restored): ['default dtype', 'grad mode', "
-                  "'reference overwrite flag', 'reference swap flag', 'torch overwrite flag', "
-                  "'torch swap flag']")
+    leaked_all = ("test leaked global state (now restored): ['default dtype', "
+                  "'global module hooks', 'grad mode', 'reference overwrite flag', "
+                  "'reference swap flag', 'torch overwrite flag', 'torch swap flag']")
     assert leaked_all in run.stdout
     assert "test leaked global state (now restored): ['default dtype']" in run.stdout
     errors = re.findall(r"ERROR at teardown of (\w+)", run.stdout)

@@ -494,3 +494,24 @@ def test_the_optimizer_state_clause_holds_across_a_conversion_of_the_module():
 ], ids=["value", "object", "entry"])
 def test_the_optimizer_state_clause_catches_a_changed_state(change):
     assert "optimizer-state" in _state_clauses(change)
+
+
+@pytest.mark.parametrize("form", ["module pre-hook", "global pre-hook"])
+def test_a_watched_call_records_the_roots_view_and_removes_its_hook(form):
+    """Rule: either watch form records what the root's first forward sees (the given weight,
+    not a submodule's later call) and leaves no hook behind once its handle is removed."""
+    import torch.nn.modules.module as module_globals
+
+    from swapspec.properties.models.call_state import watch_forward
+    from swapspec.properties.models.oracle import owner_of
+
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    weight = torch.nn.Parameter(torch.ones(2, 2))
+    view, handle = watch_forward(module, {"1.weight": owner_of(module, "1.weight")}, form)
+    try:
+        reference.functional_call(module, {"1.weight": weight}, (torch.ones(1, 2),))
+    finally:
+        handle.remove()
+    assert view.seen and view.named["1.weight"] is weight and view.attributes["1.weight"] is weight
+    assert "0.weight" in view.named  # the root's view: every name, not the first child's
+    assert not module._forward_pre_hooks and not module_globals._global_forward_pre_hooks

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.nn.modules.module as module_globals
 
 from swapspec import reference
 from swapspec.reference import overrides as reference_overrides
@@ -19,7 +20,8 @@ def isolated_global_state() -> Iterator[None]:
     """Restore torch's and the reference's global state on exit, even on failure.
 
     Covers ``torch.__future__``'s two flags, the reference's flags and ``_apply`` override
-    registrations, the default dtype, grad mode and the CPU RNG (torch's and Python's). A body
+    registrations, the default dtype, grad mode, torch's global module hooks (forward, backward
+    and registration: ``GLOBAL_HOOK_TABLES``) and the CPU RNG (torch's and Python's). A body
     that leaves them changed fails (``pytest.fail``) after they are restored.
     """
     saved = _global_state()
@@ -36,6 +38,28 @@ def isolated_global_state() -> Iterator[None]:
         pytest.fail(f"test leaked global state (now restored): {sorted(leaked)}")
 
 
+# torch's process-wide module hook tables (``torch.nn.modules.module``), which
+# ``register_module_*_hook`` fill and ``Module._call_impl`` and the registration methods read.
+GLOBAL_HOOK_TABLES = tuple(name for name in (
+    "_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
+    "_global_forward_hooks_always_called", "_global_backward_pre_hooks", "_global_backward_hooks",
+    "_global_buffer_registration_hooks", "_global_module_registration_hooks",
+    "_global_parameter_registration_hooks") if hasattr(module_globals, name))
+
+
+def global_module_hooks() -> tuple[tuple[str, tuple], ...]:
+    """Each global module hook table's entries, in order."""
+    return tuple((name, tuple(getattr(module_globals, name).items()))
+                 for name in GLOBAL_HOOK_TABLES)
+
+
+def _restore_global_module_hooks(saved: tuple[tuple[str, tuple], ...]) -> None:
+    for name, entries in saved:
+        table = getattr(module_globals, name)
+        table.clear()
+        table.update(entries)
+
+
 def _global_state() -> dict[str, object]:
     future = torch.__future__
     return {
@@ -46,6 +70,7 @@ def _global_state() -> dict[str, object]:
         "reference apply overrides": reference_overrides.registered_apply_overrides(),
         "default dtype": torch.get_default_dtype(),
         "grad mode": torch.is_grad_enabled(),
+        "global module hooks": global_module_hooks(),
     }
 
 
@@ -58,3 +83,4 @@ def _restore(state: dict[str, object]) -> None:
     reference_overrides.restore_registered_apply_overrides(state["reference apply overrides"])
     torch.set_default_dtype(state["default dtype"])
     torch.set_grad_enabled(state["grad mode"])
+    _restore_global_module_hooks(state["global module hooks"])

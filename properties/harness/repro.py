@@ -132,13 +132,14 @@ def state(module, before, given=()):
     return out
 
 
-def watch(module, known, given):
-    """At the first forward, what each name shows: in named_*, parameters()/buffers(),
-    state_dict(keep_vars=True) and (for given names) attribute access."""
+def watch(module, known, given, form="module pre-hook"):
+    """At the root's first forward, what each name shows: in named_*, parameters()/buffers(),
+    state_dict(keep_vars=True) and (for given names) attribute access; seen by a forward
+    pre-hook on the root or (form "global pre-hook") a global one."""
     seen = {}
 
-    def hook(m, args, kwargs):
-        if seen:
+    def hook(m, *_):
+        if seen or m is not module:
             return
         ids = {id(t) for t in [*m.parameters(), *m.buffers()]}
         sd = m.state_dict(keep_vars=True)
@@ -153,7 +154,10 @@ def watch(module, known, given):
                 seen[name + " (attribute)"] = "raised " + type(e).__name__
         seen["forward ran"] = True
 
-    module.register_forward_pre_hook(hook, with_kwargs=True)
+    if form == "global pre-hook":
+        torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    else:
+        module.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
 
 
@@ -380,11 +384,13 @@ def _refused_lines(example: Any) -> list[str]:
 
 def call_repro(example: Any, target: Any, violations: list[Violation], *,
                setup: list[str] = (), calls: list[str] | None = None,
-               observe: dict[str, str] | None = None, verify: bool = True) -> str:
+               observe: dict[str, str] | None = None, verify: bool = True,
+               watch_form: str = "module pre-hook") -> str:
     """A script that runs the example's functional call on ``target`` and shows the broken rule.
 
     ``setup`` lines run after the call's arguments are defined; ``calls`` replace the one call
-    (they set ``out``); ``observe`` adds ``{label: expression}`` to what is compared.
+    (they set ``out``); ``observe`` adds ``{label: expression}`` to what is compared;
+    ``watch_form`` is how forward is watched (``models.call_state.WATCH_FORMS``).
     """
     call = example.call
     own = {id(t): f"before[{name!r}]" for name, t in example.names_before.items()}
@@ -397,7 +403,8 @@ def call_repro(example: Any, target: Any, violations: list[Violation], *,
              "given = entries(tensors)",
              "known = labels(snap, given)",
              *setup,
-             "view = watch(module, known, given)"]
+             "view = watch(module, known, given)" if watch_form == "module pre-hook" else
+             f"view = watch(module, known, given, {watch_form!r})"]
     body += calls if calls is not None else [
         *_in_grad_mode(call, f"out = outcome(lambda: target_functional_call(module, tensors, "
                              f"args, kwargs{keyword_code(target, call)}))"),

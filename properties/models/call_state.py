@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor, nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from swapspec.properties.models.examples import (
     clone_value,
@@ -99,13 +100,20 @@ class ForwardView:
     seen: bool = False
 
 
-def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]]):
-    """Register a pre-hook that fills a ``ForwardView``; return (view, handle)."""
+# How forward is watched: a forward pre-hook on the root (with kwargs), or a global one
+# (``register_module_forward_pre_hook``: it fires for every module's call, and records the root's).
+WATCH_FORMS = ("module pre-hook", "global pre-hook")
+
+
+def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]],
+                  form: str = "module pre-hook"):
+    """Register a pre-hook (``form``, one of ``WATCH_FORMS``) that fills a ``ForwardView`` at
+    the root's first forward; return (view, handle)."""
     view = ForwardView()
     kinds = {n: _slot_kind(o, k) for n, (o, k) in owners.items()}
 
-    def hook(mod, args, kwargs):
-        if view.seen:
+    def record(mod):
+        if view.seen or mod is not module:
             return None
         view.seen = True
         view.named = named_tensors(mod)
@@ -118,7 +126,10 @@ def watch_forward(module: nn.Module, owners: dict[str, tuple[nn.Module, str]]):
                 _record_accessors(view, mod, name, owner, kinds[name])
         return None
 
-    return view, module.register_forward_pre_hook(hook, with_kwargs=True)
+    if form == "global pre-hook":
+        return view, register_module_forward_pre_hook(lambda mod, args: record(mod))
+    return view, module.register_forward_pre_hook(lambda mod, args, kwargs: record(mod),
+                                                  with_kwargs=True)
 
 
 def _slot_kind(owner: nn.Module, key: str) -> str | None:

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
@@ -28,6 +28,7 @@ from swapspec.properties.harness.target_calls import (
 )
 from swapspec.properties.models.apply_state import WORLD_CHANCE, is_uninitialized
 from swapspec.properties.models.call_state import (
+    WATCH_FORMS,
     cloned_inputs,
     copy_outcome,
     fresh_kwargs,
@@ -111,10 +112,11 @@ def _call(target, module, call, tensors=None, args=None, kwargs=None) -> Outcome
         tie_weights=call.tie_weights, strict=call.strict, grad_mode=call.grad_mode))
 
 
-def _call_watched(target, module, call, owners, **given) -> tuple[Any, Outcome]:
-    """Run the call (``given`` overrides as for ``_call``) with a pre-hook recording what
-    forward sees; the hook is always removed."""
-    view, handle = watch_forward(module, owners)
+def _call_watched(target, module, call, owners, form: str = "module pre-hook",
+                  **given) -> tuple[Any, Outcome]:
+    """Run the call (``given`` overrides as for ``_call``) with a pre-hook (``form``: one of
+    ``WATCH_FORMS``) recording what forward sees; the hook is always removed."""
+    view, handle = watch_forward(module, owners, form)
     try:
         return view, _call(target, module, call, **given)
     finally:
@@ -215,7 +217,8 @@ def test_fc_given_tensors_visible_in_forward(target, data):
     """Inside forward, attribute access, ``named_*``, ``parameters()``, ``buffers()``,
     ``state_dict()``, ``get_parameter``/``get_buffer`` and ``get_submodule`` all show the given
     objects (``get_parameter`` refuses with ``AttributeError`` where the given object is not a
-    ``Parameter``, as it refuses any non-``Parameter`` attribute).
+    ``Parameter``, as it refuses any non-``Parameter`` attribute), to a forward pre-hook on the
+    module and to a global one (``register_module_forward_pre_hook``) alike.
 
     Origin: pytorch #92295 (class swapping left ``parameters()`` showing the originals).
     """
@@ -224,12 +227,14 @@ def test_fc_given_tensors_visible_in_forward(target, data):
     assume(not isinstance(filled, ExpectedError))
     given = merge_inputs(call.tensors)
     registered = named_tensors(module)
-    view, outcome = _call_watched(target, module, call, _owners(module, given))
+    form = data.draw(st.sampled_from(WATCH_FORMS), label="watched by")
+    event(f"watched by: {form}")
+    view, outcome = _call_watched(target, module, call, _owners(module, given), form)
     _no_call_error(check, outcome, module, filled, call)
     if view.seen:
         for name, value in given.items():
             _check_visible(check, view, name, value, name in registered)
-    _verdict(check, example, target)
+    check.verdict(partial(call_repro, example, target, watch_form=form))
 
 
 def _check_visible(check: Checker, view, name: str, value: Any, registered: bool) -> None:
