@@ -1354,3 +1354,37 @@ def test_remove_spectral_norm_leaves_its_load_pre_hook_so_no_round_trip_loads():
     assert (len(module._forward_pre_hooks), len(module._load_state_dict_pre_hooks)) == (0, 1)
     with pytest.raises(RuntimeError, match=r'Missing key.*"weight_orig", "weight_u"'):
         module.load_state_dict(module.state_dict())
+
+
+def test_removing_a_global_backward_hook_leaves_its_kind_set_for_good():
+    """Why the isolation fixture and the sequence machine save and restore
+    ``torch.nn.modules.module._global_is_full_backward_hook`` with the global hook tables: torch
+    sets it at a registration and never resets it, so after a non-full global backward hook is
+    registered and removed a full one is still refused (torch 2.13)."""
+    import torch.nn.modules.module as module_globals
+
+    from swapspec.properties.harness.isolation import (
+        global_module_hooks,
+        restore_global_module_hooks,
+    )
+
+    saved = global_module_hooks()
+    try:
+        module_globals.register_module_backward_hook(lambda *a: None).remove()
+        assert not module_globals._global_backward_hooks
+        assert module_globals._global_is_full_backward_hook is False
+        with pytest.raises(RuntimeError, match="Cannot use both regular backward hooks and full"):
+            module_globals.register_module_full_backward_hook(lambda *a: None)
+    finally:
+        restore_global_module_hooks(saved)
+    assert module_globals._global_is_full_backward_hook is saved[-1][1]
+
+
+def test_removing_a_module_backward_hook_leaves_its_kind_set_for_good():
+    """The same on one module: once a non-full backward hook was registered and removed, the
+    module refuses a full one (``Module._is_full_backward_hook`` is never reset; torch 2.13)."""
+    module = torch.nn.Linear(2, 2)
+    module.register_backward_hook(lambda *a: None).remove()
+    assert not module._backward_hooks
+    with pytest.raises(RuntimeError, match="Cannot use both regular backward hooks and full"):
+        module.register_full_backward_hook(lambda *a: None)

@@ -47,14 +47,25 @@ GLOBAL_HOOK_TABLES = tuple(name for name in (
     "_global_parameter_registration_hooks") if hasattr(module_globals, name))
 
 
-def global_module_hooks() -> tuple[tuple[str, tuple], ...]:
-    """Each global module hook table's entries, in order."""
-    return tuple((name, tuple(getattr(module_globals, name).items()))
-                 for name in GLOBAL_HOOK_TABLES)
+# Whether the global backward hooks are full ones (None: neither kind registered yet). torch sets
+# it at a registration and never resets it, not even when the last hook is removed, so a process
+# that once registered one kind refuses the other kind for good.
+GLOBAL_BACKWARD_KIND = "_global_is_full_backward_hook"
 
 
-def _restore_global_module_hooks(saved: tuple[tuple[str, tuple], ...]) -> None:
+def global_module_hooks() -> tuple[tuple[str, object], ...]:
+    """Each global module hook table's entries, in order, and the global backward hooks' kind."""
+    return (*((name, tuple(getattr(module_globals, name).items()))
+              for name in GLOBAL_HOOK_TABLES),
+            (GLOBAL_BACKWARD_KIND, getattr(module_globals, GLOBAL_BACKWARD_KIND, None)))
+
+
+def restore_global_module_hooks(saved: tuple[tuple[str, object], ...]) -> None:
+    """Put back what ``global_module_hooks`` returned."""
     for name, entries in saved:
+        if name == GLOBAL_BACKWARD_KIND:
+            setattr(module_globals, name, entries)
+            continue
         table = getattr(module_globals, name)
         table.clear()
         table.update(entries)
@@ -83,4 +94,4 @@ def _restore(state: dict[str, object]) -> None:
     reference_overrides.restore_registered_apply_overrides(state["reference apply overrides"])
     torch.set_default_dtype(state["default dtype"])
     torch.set_grad_enabled(state["grad mode"])
-    _restore_global_module_hooks(state["global module hooks"])
+    restore_global_module_hooks(state["global module hooks"])

@@ -18,7 +18,9 @@ module from the tree strategy; each later step is one rule, drawn with its argum
   (a forward's output held with its graph, or released),
   ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
 
-Conversions and loads run under the default dtype the build drew (torch's, or float64).
+Conversions and loads run under the default dtype the build drew (torch's, or float64), and
+every step under the global module hooks it drew (``GLOBAL_HOOKS``: forward, full backward or
+non-full backward hooks that do nothing, or none).
 
 The model (:mod:`~swapspec.properties.models.module_model`) predicts each step first, without calling
 the target; after the step the machine checks one invariant, chosen per property:
@@ -55,6 +57,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.modules.module as module_globals
 import torch.utils.deterministic
 from hypothesis import HealthCheck, event, reproduce_failure, settings
 from hypothesis import strategies as st
@@ -70,6 +73,7 @@ from torch import Tensor, nn
 from swapspec import reference
 from swapspec.properties.harness import pairs
 from swapspec.properties.harness import sequence_repro as repro
+from swapspec.properties.harness.isolation import global_module_hooks, restore_global_module_hooks
 from swapspec.properties.harness.sequence_replay import REPLAY
 from swapspec.properties.harness.step_checker import StepCheck
 from swapspec.properties.models.apply_state import conversion_named
@@ -219,6 +223,25 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(saved)
 
 
+# Global module hooks a life runs under, drawn at the build (none in half the lives): each kind's
+# ``torch.nn.modules.module`` registration functions, each given a hook that does nothing. They
+# fire for every module's call (the model's fresh builds too); full backward hooks wrap every
+# module's inputs and outputs in ``BackwardHookFunction``. The teardown puts torch's global hook
+# state back as the machine found it (tables and the backward hooks' kind, which torch never
+# resets: ``properties.harness.isolation.GLOBAL_BACKWARD_KIND``).
+GLOBAL_HOOKS = {
+    "forward": ("register_module_forward_pre_hook", "register_module_forward_hook"),
+    "full backward": ("register_module_full_backward_pre_hook",
+                      "register_module_full_backward_hook"),
+    "backward": ("register_module_backward_hook",),
+}
+GLOBAL_HOOK_CHOICES = (None, None, None, *GLOBAL_HOOKS)
+
+
+def no_op_hook(*args: Any) -> None:
+    """A global module hook that changes nothing."""
+
+
 # Budget: steps per sequence, and the share of the profile's max_examples a sequence property
 # runs (a sequence costs about as much as STEPS one-shot examples). 15 steps: a bug that needs
 # three steps in order (convert, backward, convert) is met in far fewer sequences than with 10
@@ -329,10 +352,13 @@ class SequenceMachine(RuleBasedStateMachine):
         self.vmappable = False
         self.default_dtype = torch.float32
         self.kept: Tensor | None = None  # a forward's output held with its graph (keep_graph)
+        self.global_hooks: str | None = None  # the kind of global module hooks (GLOBAL_HOOKS)
+        self.global_hooks_before = global_module_hooks()  # put back by the teardown
 
     def teardown(self) -> None:
         """Record the sequence's ordered pairs of rules (``properties.harness.pairs``); unfreeze
-        what the build froze, so the process collects it again."""
+        what the build froze, so the process collects it again; remove the global hooks."""
+        restore_global_module_hooks(self.global_hooks_before)
         if self.target is not None and self.trail:
             universe = [r for r in RULES if r != "load_state_dict"
                         or getattr(self.target, "load_state_dict", None) is not None]
@@ -344,11 +370,16 @@ class SequenceMachine(RuleBasedStateMachine):
     # ---- build -----------------------------------------------------------------------
 
     @initialize(module=trees, inputs=forward_inputs(), palette=palettes,
-                dtype=st.sampled_from(DEFAULT_DTYPES))
+                dtype=st.sampled_from(DEFAULT_DTYPES),
+                global_hooks=st.sampled_from(GLOBAL_HOOK_CHOICES))
     def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any],
-              dtype: torch.dtype = torch.float32) -> None:
+              dtype: torch.dtype = torch.float32, global_hooks: str | None = None) -> None:
         self.module, (self.x,), self.palette = module, inputs, palette
         self.default_dtype = dtype
+        self.global_hooks = global_hooks
+        registrations = GLOBAL_HOOKS.get(global_hooks, ())
+        for registration in registrations:
+            getattr(module_globals, registration)(no_op_hook)
         spec = tree_info(module).spec
         self.model = ModuleModel.observe(module, spec)
         # Old-style reparametrizations (weight_norm, spectral_norm, prune) store their computed
@@ -360,7 +391,9 @@ class SequenceMachine(RuleBasedStateMachine):
         self.vmappable = (not any(d.kind in OLD_STYLE for d in spec.decorations)
                           and not any(isinstance(m, HostLeaf) for m in module.modules()))
         self.build_lines = [*tree_info(module).source("module").splitlines(),
-                            f"x = {repro.tensor_code(self.x)}"]
+                            f"x = {repro.tensor_code(self.x)}",
+                            *(f"torch.nn.modules.module.{f}(lambda *args: None)"
+                              for f in registrations)]
         self.after(self.begin("build"), Prediction(), Outcome(), [])
 
     # ---- the rules -------------------------------------------------------------------

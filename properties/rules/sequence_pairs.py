@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from swapspec.properties.harness.marking import per_target_cases
 from swapspec.properties.rules.sequence_machine import (
     DEFAULT_DTYPES,
+    GLOBAL_HOOK_CHOICES,
     RULES,
     SequenceMachine,
     palettes,
@@ -171,7 +172,8 @@ def run_pair(target: Any, property_id: str, pair: tuple[str, str], data: st.Data
             machine.build(data.draw(trees, label="module"),
                           data.draw(forward_inputs(), label="x"),
                           data.draw(palettes, label="palette"),
-                          data.draw(st.sampled_from(DEFAULT_DTYPES), label="default dtype"))
+                          data.draw(st.sampled_from(DEFAULT_DTYPES), label="default dtype"),
+                          data.draw(st.sampled_from(GLOBAL_HOOK_CHOICES), label="global hooks"))
             assume(all(can_reach(machine, rule) for rule in pair))
             first, then = pair
             run_rule(machine, first, data)

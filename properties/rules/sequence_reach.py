@@ -19,8 +19,8 @@ from swapspec.strategies.reach import frequencies, table
 def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
     """For ``n`` derandomized sequences of ``properties.rules.sequence_machine`` run on the reference:
     the set of steps each sequence ran (rule names, ``train``/``checkpoint`` by their kind, and
-    ``default dtype: <dtype>``, the one its conversions and loads ran under) and each sequence's
-    length (steps after the build)."""
+    ``default dtype: <dtype>`` and ``global hooks: <kind>``, drawn at its build) and each
+    sequence's length (steps after the build)."""
     from hypothesis import HealthCheck as Checks
 
     from swapspec.properties.harness.targets import builtin_target
@@ -44,8 +44,10 @@ def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
             self.ran.append(check.example.step)
 
         def teardown(self) -> None:
+            super().teardown()
             dtype = str(self.default_dtype).removeprefix("torch.")
-            seen.append(frozenset(self.ran) - {"build"} | {f"default dtype: {dtype}"})
+            hooks = {f"global hooks: {self.global_hooks}"}
+            seen.append(frozenset(self.ran) - {"build"} | {f"default dtype: {dtype}"} | hooks)
             lengths.append(len(self.ran) - 1)
 
     run_sequences(builtin_target("reference"), STATE, Recording, settings(
