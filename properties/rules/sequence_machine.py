@@ -14,7 +14,8 @@ module from the tree strategy; each later step is one rule, drawn with its argum
 - ``backward`` (``create_graph`` either way), ``build_optimizer``/``optimizer_step`` (SGD),
   ``zero_grad`` (``set_to_none`` either way), ``clip_grads`` (a ``torch.nn.utils.clip_grad_*``
   call), ``requires_grad_`` (either way: the target's method), ``register_hooks`` (counting
-  tensor hooks), ``module_apply`` (``Module.apply`` of a weight-init function), ``keep_graph``
+  tensor hooks), ``optimizer_reload`` (``opt.load_state_dict`` of the state dict saved at its
+  build), ``module_apply`` (``Module.apply`` of a weight-init function), ``keep_graph``
   (a forward's output held with its graph, or released),
   ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
 
@@ -124,9 +125,9 @@ from swapspec.strategies.module_steps import GradClip, grad_clips, module_fn_sou
 
 # The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
 # (``properties.harness.pairs``) are what the report measures and the pair schedule runs.
-# ``module_apply``, ``clip_grads`` and ``keep_graph``/``release_graph`` run in free sequences
-# only: their ordered pairs (124 more per target) would take the CI-profile run of the built-in
-# targets past its 5-minute budget.
+# ``module_apply``, ``clip_grads``, ``optimizer_reload`` and ``keep_graph``/``release_graph``
+# run in free sequences only: their ordered pairs (165 more per target) would take the
+# CI-profile run of the built-in targets past its 5-minute budget.
 RULES = ("convert", "functional_call", "vmap", "tie", "untie", "load_state_dict", "backward",
          "build_optimizer", "optimizer_step", "zero_grad", "requires_grad_", "register_hooks",
          "state_dict_round_trip", "deepcopy")
@@ -352,6 +353,7 @@ class SequenceMachine(RuleBasedStateMachine):
         self.vmappable = False
         self.default_dtype = torch.float32
         self.kept: Tensor | None = None  # a forward's output held with its graph (keep_graph)
+        self.opt_saved: dict[str, Any] | None = None  # the optimizer's state dict at its build
         self.global_hooks: str | None = None  # the kind of global module hooks (GLOBAL_HOOKS)
         self.global_hooks_before = global_module_hooks()  # put back by the teardown
 
@@ -589,15 +591,18 @@ class SequenceMachine(RuleBasedStateMachine):
             self.clip_grads(data.draw(grad_clips(), label="clip"))
 
     @precondition(lambda self: self.judged and trainable(self.model))
-    @rule()
+    @rule(data=st.data())
     @while_judged
-    def optimize(self) -> None:
-        """The optimizer's step: build one (SGD over the trainable parameters) where the
-        sequence has none, else step it."""
+    def optimize(self, data: st.DataObject) -> None:
+        """The optimizer: build one (SGD over the trainable parameters) where the sequence has
+        none; else step it, or load into it the state dict it had when it was built
+        (``optimizer_reload``: a resumed checkpoint)."""
         if self.opt is None:
             self.build_optimizer()
-        else:
+        elif data.draw(st.sampled_from(("step", "step", "reload")), label="optimizer") == "step":
             self.optimizer_step()
+        else:
+            self.optimizer_reload()
 
     @rule(deep=st.booleans())
     @while_judged
@@ -627,10 +632,11 @@ class SequenceMachine(RuleBasedStateMachine):
         check = self.begin("build_optimizer")
         outcome = attempt(lambda: torch.optim.SGD(params, lr=LR, foreach=False))
         self.opt = outcome.result
+        self.opt_saved = None if self.opt is None else copy.deepcopy(self.opt.state_dict())
         if self.opt is not None:
             self.model.build_optimizer(indices)
         lines = [f"opt = torch.optim.SGD([named(module)[n] for n in {names!r}], lr={LR}, "
-                 "foreach=False)"]
+                 "foreach=False)", "saved = copy.deepcopy(opt.state_dict())"]
         self.after(check, Prediction(), outcome, lines)
 
     def optimizer_step(self) -> None:
@@ -648,6 +654,14 @@ class SequenceMachine(RuleBasedStateMachine):
         outcome = attempt(lambda: clip(self.module))
         lines = ["error = None", *repro.guarded([clip.source()])]
         self.after(check, Prediction(error=prediction.error), outcome, lines)
+
+    def optimizer_reload(self) -> None:
+        """``opt.load_state_dict`` of the state dict saved at the build: the optimizer keeps
+        its parameter objects (SEQ-OPTIMIZER), and the module changes in nothing."""
+        check = self.begin("optimizer_reload")
+        outcome = attempt(lambda: self.opt.load_state_dict(copy.deepcopy(self.opt_saved)))
+        lines = ["error = None", *repro.guarded(["opt.load_state_dict(saved)"])]
+        self.after(check, Prediction(), outcome, lines)
 
     def zero_grad(self, set_to_none: bool) -> None:
         check = self.begin("zero_grad")
