@@ -49,11 +49,17 @@ def reset_parameters(module: nn.Module) -> None:
 
 MODULE_FNS: tuple[Callable[[nn.Module], None], ...] = (
     fill_floating_parameters, halve_floating_tensors, reset_parameters)
+# The functions that write registered slots only, never an attribute a module computes from
+# them: old-style ``spectral_norm`` leaves its computed ``weight`` sharing storage with
+# ``weight_orig`` until the first forward, so ``reset_parameters`` writing ``self.weight`` in
+# place then rewrites ``weight_orig`` too, which a fresh build (a new ``weight_orig``) does not.
+SLOT_FNS = (fill_floating_parameters, halve_floating_tensors)
 
 
-def module_fns() -> st.SearchStrategy[Callable[[nn.Module], None]]:
-    """A function ``Module.apply`` runs on every module of a tree (``MODULE_FNS``)."""
-    return st.sampled_from(MODULE_FNS)
+def module_fns(slots_only: bool = False) -> st.SearchStrategy[Callable[[nn.Module], None]]:
+    """A function ``Module.apply`` runs on every module of a tree (``MODULE_FNS``; with
+    ``slots_only``, one of ``SLOT_FNS``)."""
+    return st.sampled_from(SLOT_FNS if slots_only else MODULE_FNS)
 
 
 def module_fn_source(fn: Callable[[nn.Module], None]) -> str:

@@ -351,6 +351,7 @@ class SequenceMachine(RuleBasedStateMachine):
         if self.froze:
             gc.freeze()
         self.vmappable = False
+        self.old_style = False  # the tree holds an old-style reparametrization (OLD_STYLE)
         self.default_dtype = torch.float32
         self.kept: Tensor | None = None  # a forward's output held with its graph (keep_graph)
         self.opt_saved: dict[str, Any] | None = None  # the optimizer's state dict at its build
@@ -390,7 +391,8 @@ class SequenceMachine(RuleBasedStateMachine):
         # vmap limitation), so the module is not left as it was in any way the spec can state.
         # A host's module promises its forward on the tensors it was given, not on batched ones
         # (a wrapper subclass cannot even be stacked): no vmap step on a tree that holds one.
-        self.vmappable = (not any(d.kind in OLD_STYLE for d in spec.decorations)
+        self.old_style = any(d.kind in OLD_STYLE for d in spec.decorations)
+        self.vmappable = (not self.old_style
                           and not any(isinstance(m, HostLeaf) for m in module.modules()))
         self.build_lines = [*tree_info(module).source("module").splitlines(),
                             f"x = {repro.tensor_code(self.x)}",
@@ -571,21 +573,32 @@ class SequenceMachine(RuleBasedStateMachine):
             bad = (key,)
         return state_dict, values, bad
 
+    @precondition(lambda self: self.judged and self.model is not None and not self.model.poisoned)
+    @rule(create_graph=st.booleans())
+    @while_judged
+    def backward(self, create_graph: bool) -> None:
+        """``module(x).float().sum().backward(create_graph=...)``: a training step's backward,
+        predicted as the same on a fresh build (grads, buffers, hook firings)."""
+        check = self.begin("backward")
+        kind = "create-graph" if create_graph else "plain"
+        prediction = self.model.forward(self.x, backward=kind)
+        outcome = attempt(lambda: run_backward(self.module, self.x, create_graph))
+        lines = ["error = None", *repro.guarded([
+            "with torch.enable_grad():", "    out = module(x.clone())",
+            "    if out.requires_grad:",
+            f"        out.float().sum().backward(create_graph={create_graph})"])]
+        self.after(check, Prediction(error=prediction.error), outcome, lines)
+
     @rule(data=st.data())
     @while_judged
     def train(self, data: st.DataObject) -> None:
-        """One training step, drawn among those that can run now: ``backward`` (plain or
-        ``create_graph``), ``zero_grad`` (``set_to_none`` either way), clipping the grads
-        (``clip_grads``, where a grad exists)."""
+        """A step on the grads: ``zero_grad`` (``set_to_none`` either way) or, where a grad
+        exists, clipping them (``clip_grads``)."""
         kinds = ["zero-grad"]
-        if not self.model.poisoned:
-            kinds.insert(0, "backward")
         if any(t.grad is not None for t in self.model.tensors):
             kinds.append("clip-grads")
         kind = data.draw(st.sampled_from(kinds), label="training step")
-        if kind == "backward":
-            self.backward(data.draw(st.booleans(), label="create_graph"))
-        elif kind == "zero-grad":
+        if kind == "zero-grad":
             self.zero_grad(data.draw(st.booleans(), label="set_to_none"))
         else:
             self.clip_grads(data.draw(grad_clips(), label="clip"))
@@ -612,17 +625,6 @@ class SequenceMachine(RuleBasedStateMachine):
             self.deepcopy()
         else:
             self.state_dict_round_trip()
-
-    def backward(self, create_graph: bool) -> None:
-        check = self.begin("backward")
-        kind = "create-graph" if create_graph else "plain"
-        prediction = self.model.forward(self.x, backward=kind)
-        outcome = attempt(lambda: run_backward(self.module, self.x, create_graph))
-        lines = ["error = None", *repro.guarded([
-            "with torch.enable_grad():", "    out = module(x.clone())",
-            "    if out.requires_grad:",
-            f"        out.float().sum().backward(create_graph={create_graph})"])]
-        self.after(check, Prediction(error=prediction.error), outcome, lines)
 
     def build_optimizer(self) -> None:
         indices = trainable(self.model)
@@ -693,12 +695,15 @@ class SequenceMachine(RuleBasedStateMachine):
             "    out = module(x.clone())  # held: its graph can hold the module's tensors"])]
         self.after(check, Prediction(error=prediction.error), outcome, lines)
 
-    @rule(fn=module_fns())
+    @rule(data=st.data())
     @while_judged
-    def module_apply(self, fn: Callable[[nn.Module], None]) -> None:
+    def module_apply(self, data: st.DataObject) -> None:
         """``module.apply(fn)``: a user's function on every module, children first
         (``strategies.module_steps``: weight initialization in place), predicted as the same
-        call on a fresh build (``ModuleModel.in_place_on_fresh``)."""
+        call on a fresh build (``ModuleModel.in_place_on_fresh``). A tree with an old-style
+        reparametrization draws only functions that write registered slots (``SLOT_FNS``): its
+        computed attribute can share storage with its original, which a fresh build's does not."""
+        fn = data.draw(module_fns(slots_only=self.old_style), label="fn")
         check = self.begin("module_apply")
         prediction = self.model.in_place_on_fresh(lambda copy: copy.apply(fn))
         outcome = attempt(lambda: self.module.apply(fn))
