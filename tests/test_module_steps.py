@@ -24,7 +24,7 @@ from swapspec.strategies.module_steps import (
     grad_clips,
     module_fn_source,
 )
-from tests.test_module_model_ties import FLAT, TIED, X, _both, _violations
+from tests.test_module_model_ties import FLAT, TIED, X, _both, _Scripted, _violations
 
 
 def _trained(tied: bool) -> tuple:
@@ -105,12 +105,12 @@ def test_module_apply_catches_two_parameters_left_sharing_storage(_: None) -> No
     writes one and so both."""
     machine = SequenceMachine.for_target(builtin_target("reference"), STATE)()
     machine.build(build_tree(FLAT), (X,), [conversion_named("double()")])
-    machine.module_apply(MODULE_FNS[1])  # judged and passing on an honest module
+    machine.module_apply(_Scripted(MODULE_FNS[1]))  # judged and passing on an honest module
     with torch.no_grad():
         machine.module.p0.data = machine.module.p1.data  # p0 now shares p1's storage
     machine.model.tensors[machine.model.slots["p0"]].value = machine.module.p1.detach().clone()
     with pytest.raises(ConformanceError, match="value"):
-        machine.module_apply(MODULE_FNS[1])
+        machine.module_apply(_Scripted(MODULE_FNS[1]))
 
 
 @pytest.mark.parametrize("fn", MODULE_FNS, ids=lambda f: f.__name__)
@@ -141,3 +141,24 @@ def test_a_clipping_source_does_what_the_call_does(clip: GradClip) -> None:
         assert error is None
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours.parameters(), theirs.parameters(),
                                                            strict=True))
+
+
+@settings(max_examples=1, database=None, deadline=None)
+@given(st.none())  # a machine's steps record Hypothesis events: they run inside a test
+def test_a_clipping_call_that_raises_on_a_fresh_build_is_not_run(_: None) -> None:
+    """Rule: the machine does not run a clipping call the model's fresh build raises on (torch's
+    clipping writes grad by grad and can raise midway): no step is recorded, the module keeps
+    its grads, and the sequence stays judged."""
+    machine = SequenceMachine.for_target(builtin_target("reference"), STATE)()
+    machine.build(build_tree(FLAT), (X,), [conversion_named("double()")])
+    machine.backward(create_graph=False)
+    machine.module.p1.grad[0] = float("nan")
+    machine.model.tensors[machine.model.slots["p1"]].grad = machine.module.p1.grad.clone()
+    steps, grads = len(machine.steps), [p.grad.clone() for p in machine.module.parameters()]
+    machine.clip_grads(GradClip("clip_grad_norm_", {"max_norm": 0.5, "error_if_nonfinite": True}))
+    assert len(machine.steps) == steps and machine.judged
+    assert all(torch.equal(a.nan_to_num(), p.grad.nan_to_num())
+               for a, p in zip(grads, machine.module.parameters(), strict=True))
+    machine.clip_grads(GradClip("clip_grad_value_", {"clip_value": 0.01}))
+    assert len(machine.steps) == steps + 1 and machine.judged
+    machine.teardown()
