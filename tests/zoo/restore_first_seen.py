@@ -23,7 +23,7 @@ from tests.zoo import ref_fc as ref
 
 ORIGIN = "swapspec sequences: functional_call restores the slots recorded at its first call"
 CAUGHT_BY = frozenset({"SEQ-STATE", "SEQ-FORWARD"})
-CAUGHT_BY_PAIR = "vmap>convert"  # vmap, convert, vmap
+CAUGHT_BY_PAIR = "vmap>tie"  # vmap, tie, vmap
 ONE_SHOT_PATHS = ("properties/rules/test_functional_call.py", "properties/rules/test_together.py")
 
 # id(module) -> (the module, {(id(owner), key): what the slot held at the first call})
