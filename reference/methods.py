@@ -18,7 +18,10 @@ Rules common to every method:
    before any ``requires_grad`` changes), whatever the module holds.
 4. ``cuda(device)`` is ``t.cuda(device)`` per tensor; it is not exercised here (no CUDA on
    the machines the suite is checked on).
-5. The registration methods (``register_parameter``, ``register_buffer``, ``add_module``,
+5. ``prune_remove`` and ``remove_weight_norm`` (``torch.nn.utils.prune.remove``,
+   ``torch.nn.utils.remove_weight_norm``) are ``reference.reparametrizations``': they convert
+   nothing, so they never call ``apply`` and ignore the flags.
+6. The registration methods (``register_parameter``, ``register_buffer``, ``add_module``,
    ``register_module``, ``setattr``, ``delattr``, ``register_parametrization``) are
    ``reference.registration``'s: they convert
    nothing, so they never call ``apply`` and ignore the flags.
@@ -35,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedTensorMixin
 
-from swapspec.reference import registration
+from swapspec.reference import registration, reparametrizations
 
 COMPLEX_WARNING = (
     "Complex modules are a new feature under active development whose design may change, "
@@ -50,6 +53,7 @@ CONVERSION_METHODS = ("to", "to_empty", "half", "float", "double", "bfloat16", "
 GRAD_METHODS = ("requires_grad_", "zero_grad")
 METHODS = (*CONVERSION_METHODS, *GRAD_METHODS)
 REGISTRATION_METHODS = registration.REGISTRATION_METHODS  # converts nothing: flags ignored
+REPARAMETRIZATION_METHODS = ("prune_remove", "remove_weight_norm")  # converts nothing
 
 
 def parse_to(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool, Any]:
@@ -214,6 +218,8 @@ class Methods:
     setattr = staticmethod(registration.setattr)
     delattr = staticmethod(registration.delattr)
     register_parametrization = staticmethod(registration.register_parametrization)
+    prune_remove = staticmethod(reparametrizations.prune_remove)
+    remove_weight_norm = staticmethod(reparametrizations.remove_weight_norm)
 
 
 def _reference_apply(module: nn.Module, fn: Callable, *, overwrite: bool | None = None,
@@ -236,6 +242,8 @@ cuda = REFERENCE_METHODS.cuda
 share_memory = REFERENCE_METHODS.share_memory
 requires_grad_ = REFERENCE_METHODS.requires_grad_
 zero_grad = REFERENCE_METHODS.zero_grad
+prune_remove = reparametrizations.prune_remove
+remove_weight_norm = reparametrizations.remove_weight_norm
 register_parameter = registration.register_parameter
 register_buffer = registration.register_buffer
 add_module = registration.add_module

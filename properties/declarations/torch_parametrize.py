@@ -27,7 +27,7 @@ def _writes_before_its_checks(example: Any) -> bool:
             and registration.kind in WRITES_BEFORE_ITS_CHECKS)
 
 
-def _converts_to_wrapper(example: Any) -> bool:
+def converts_to_wrapper(example: Any) -> bool:
     """Whether the example's conversion makes a traceable wrapper subclass (``TwoTensor``) of a
     floating tensor: torch's ``_maybe_set`` then swaps instead of ``set_``."""
     out = example.conversion.make_fn()(torch.zeros(2, 3))
@@ -37,13 +37,13 @@ def _converts_to_wrapper(example: Any) -> bool:
 def refused_first_registration_writes(example: Any) -> bool:
     """A first registration whose ``right_inverse`` result torch writes into a plain tensor
     (``set_``) before its checks refuse the parametrization."""
-    return _writes_before_its_checks(example) and not _converts_to_wrapper(example)
+    return _writes_before_its_checks(example) and not converts_to_wrapper(example)
 
 
 def refused_first_registration_swap_refused(example: Any) -> bool:
     """The same registration on a wrapper-subclass tensor: torch's ``swap_tensors`` refuses to
     write the ``right_inverse`` result (a view of the original) before the checks run."""
-    return _writes_before_its_checks(example) and _converts_to_wrapper(example)
+    return _writes_before_its_checks(example) and converts_to_wrapper(example)
 
 
 PARAMETRIZE_DEVIATIONS: tuple[Deviation, ...] = (

@@ -83,6 +83,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import prune
 from torch.nn.utils._named_member_accessor import NamedMemberAccessor
 
 from swapspec import reference
@@ -96,6 +97,7 @@ from swapspec.properties.declarations.torch_accessor import ACCESSOR_DEVIATIONS
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
 from swapspec.properties.declarations.torch_contracts import CONTRACT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
+from swapspec.properties.declarations.torch_old_style import OLD_STYLE_DEVIATIONS
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
 from swapspec.properties.declarations.torch_reach import REACH_DEVIATIONS
 from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
@@ -269,7 +271,9 @@ def torch_apply(
 
 # torch's registration forms that are not methods of the module
 BUILTIN_FORMS = {"setattr": setattr, "delattr": delattr,
-                 "register_parametrization": torch.nn.utils.parametrize.register_parametrization}
+                 "register_parametrization": torch.nn.utils.parametrize.register_parametrization,
+                 "prune_remove": prune.remove,
+                 "remove_weight_norm": torch.nn.utils.remove_weight_norm}
 
 
 class TorchMethods:
@@ -277,7 +281,8 @@ class TorchMethods:
     ``torch.__future__``'s flags, set for the call and restored in ``finally``."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name not in (*reference.methods.METHODS, *reference.methods.REGISTRATION_METHODS):
+        if name not in (*reference.methods.METHODS, *reference.methods.REGISTRATION_METHODS,
+                        *reference.methods.REPARAMETRIZATION_METHODS):
             raise AttributeError(name)
 
         def call(module: nn.Module, *args: Any, overwrite: bool, swap: bool, **kwargs: Any) -> Any:
@@ -325,6 +330,7 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
+                                  + OLD_STYLE_DEVIATIONS
                                   + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
                                   + REACH_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
@@ -335,6 +341,7 @@ def builtin_target(name: str) -> Target:
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
+                                  + OLD_STYLE_DEVIATIONS
                                   + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
                                   + REACH_DEVIATIONS),
                       skips=STATELESS_SKIPS,

@@ -45,6 +45,7 @@ IMPORTS = [
     "",
     "import torch",
     "import torch.nn.functional as F",
+    "import torch.nn.utils.prune",
     "from torch import Tensor, nn",
     "from torch.nn.utils import parametrize",
 ]

@@ -1,0 +1,44 @@
+"""Declared deviations of torch's removals of the old-style reparametrizations from the
+``OLD-STYLE-`` rules.
+
+The predicates read the drawn reparametrization (``Example.method``, a
+``strategies.old_style.OldStyle``) and the module it was applied to, before the target runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swapspec.properties.declarations.torch_parametrize import TORCH_CHECKED, converts_to_wrapper
+from swapspec.properties.models.parametrize_state import matrix_slot, owner_at
+from swapspec.properties.vocabulary import Deviation
+from swapspec.strategies.old_style import OldStyle
+
+
+def pruning_lost_on_wrapper(example: Any) -> bool:
+    """A pruning that zeroes at least one nonzero entry, on a tensor the conversion makes a
+    traceable wrapper subclass (``TwoTensor``)."""
+    old_style = example.method
+    if not isinstance(old_style, OldStyle) or old_style.first is None:
+        return False
+    if not converts_to_wrapper(example):
+        return False
+    path, name = matrix_slot(example.module)
+    owner = owner_at(example.module, path)
+    orig, mask = getattr(owner, name + "_orig"), getattr(owner, name + "_mask")
+    return bool(((mask == 0) & (orig.detach() != 0)).any())
+
+
+OLD_STYLE_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        "OLD-STYLE-REMOVE", pruning_lost_on_wrapper, "value",
+        "prune.remove writes the pruned value with `orig.data = weight.data`, and on a traceable "
+        "wrapper subclass (TwoTensor) set_data replaces the outer TensorImpl but not the inner "
+        "tensors the subclass computes with, so the parameter keeps its unpruned values: the "
+        "pruning is silently lost (torch 2.13, 2.14). Repro: from torch.testing._internal."
+        "two_tensor import TwoTensor; import torch.nn.utils.prune as prune; m = nn.Linear(4, 3); "
+        "prune.l1_unstructured(m, 'weight', amount=0.5); m._apply(lambda t: "
+        "TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() else t); prune.remove(m, 'weight'); "
+        "(m.weight.a == 0).sum()  # 0: no entry pruned (6 before the removal)",
+        torch_versions=TORCH_CHECKED, id="torch.prune.remove-loses-pruning-on-wrapper"),
+)

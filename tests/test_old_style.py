@@ -1,0 +1,157 @@
+"""Unit tests for the old-style reparametrizations the ``OLD-STYLE-`` properties draw
+(``strategies.old_style``), the reference's removals (``reference.reparametrizations``), the
+model they are judged by (``properties.models.old_style_state``) and torch's declared
+deviation (``properties.declarations.torch_old_style``)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from torch import nn
+from torch.nn.utils import prune
+from torch.testing._internal.two_tensor import TwoTensor
+
+from swapspec import reference
+from swapspec.properties.declarations.torch_old_style import pruning_lost_on_wrapper
+from swapspec.properties.models.examples import Example
+from swapspec.properties.models.old_style_state import hook_keys, reparametrized_value
+from swapspec.properties.models.parametrize_state import matrix_slot, owner_at
+from swapspec.strategies import build_tree
+from swapspec.strategies.conversions import CONVERSIONS
+from swapspec.strategies.old_style import METHODS, OldStyle, Pruning, old_styles
+from swapspec.strategies.tree_spec import LeafSpec
+from swapspec.strategies.trees import TreeSpec
+from tests.helpers_modules import assert_unchanged, linear, snapshot
+
+PRUNING_CASES = [Pruning("l1_unstructured", amount=0.5), Pruning("random_unstructured", amount=0.25),
+                 Pruning("global_unstructured", amount=0.5),
+                 Pruning("ln_structured", amount=0.5, n=math.inf, dim=-1),
+                 Pruning("random_structured", amount=0.5, dim=1), Pruning("identity", amount=0.0),
+                 Pruning("custom_from_mask", every=3)]
+CASES = [OldStyle(p, seed=7) for p in PRUNING_CASES] + [
+    OldStyle(Pruning("ln_structured", amount=0.5), Pruning("l1_unstructured", amount=0.25), seed=3),
+    OldStyle(None, norm_dim=0), OldStyle(None, norm_dim=None)]
+
+
+def _two_tensor(t: torch.Tensor) -> torch.Tensor:
+    return TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() else t
+
+
+def _run(lines: list[str], module: nn.Module) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        exec("\n".join(lines), {"torch": torch, "module": module})
+
+
+@pytest.mark.parametrize("old_style", CASES, ids=str)
+def test_repro_source_does_what_apply_does(old_style):
+    applied, sourced = linear(4, 3), linear(4, 3)
+    rng = torch.get_rng_state()
+    old_style.apply(applied, "weight")
+    assert torch.equal(torch.get_rng_state(), rng), "apply advanced the caller's RNG"
+    _run(old_style.source("module", "weight"), sourced)
+    assert applied.state_dict().keys() == sourced.state_dict().keys()
+    for key, value in applied.state_dict().items():
+        assert torch.equal(value, sourced.state_dict()[key]), key
+
+
+@pytest.mark.parametrize("old_style", CASES, ids=str)
+def test_the_model_reads_what_forward_computes(old_style):
+    module = linear(4, 3)
+    old_style.apply(module, "weight")
+    module(torch.ones(2, 4))
+    assert torch.equal(module.weight.detach(), reparametrized_value(module, "weight", old_style))
+
+
+def test_every_method_is_drawn():
+    seen: set[str] = set()
+
+    @settings(max_examples=300, database=None, deadline=None)
+    @given(old_styles(2))
+    def collect(old_style):
+        seen.update(old_style.features)
+
+    collect()
+    assert seen == {f"method: {m}" for m in METHODS} | {"pruned twice"}
+
+
+@given(old_styles(1))
+@settings(max_examples=50, database=None, deadline=None)
+def test_every_drawn_reparametrization_of_a_vector_applies(old_style):
+    module = nn.Module()
+    module.v = nn.Parameter(torch.arange(1.0, 7.0))
+    old_style.apply(module, "v")
+    assert set(module.state_dict()) == {"v_g", "v_v"} if old_style.first is None else {"v_orig", "v_mask"}
+
+
+@pytest.mark.parametrize("old_style", CASES, ids=str)
+def test_reference_removal_keeps_the_reparametrized_value_on_a_wrapper_subclass(old_style):
+    module = linear(4, 3)
+    old_style.apply(module, "weight")
+    with torch.no_grad():  # weight_norm's computed weight holds a graph over g and v until then
+        module(torch.ones(2, 4))
+    module._apply(_two_tensor)
+    value = reparametrized_value(module, "weight", old_style)
+    kept = module._parameters.get("weight_orig")
+    remove = getattr(reference, old_style.removal)
+    remove(module, "weight")
+    assert type(module.weight) is TwoTensor
+    assert torch.equal(module.weight.a, value.a) and torch.equal(module.weight.b, value.b)
+    assert kept is None or module.weight is kept
+    assert set(module.state_dict()) == {"weight", "bias"}
+    assert not module._forward_pre_hooks
+
+
+def test_torchs_prune_remove_loses_the_pruning_on_a_wrapper_subclass():
+    """The behaviour ``torch.prune.remove-loses-pruning-on-wrapper`` declares: fails once
+    torch writes the pruned value into the inner tensors."""
+    module = linear(4, 3)
+    prune.l1_unstructured(module, "weight", amount=0.5)
+    module._apply(_two_tensor)
+    prune.remove(module, "weight")
+    assert int((module.weight.a == 0).sum()) == 0
+
+
+@pytest.mark.parametrize("removal", ["prune_remove", "remove_weight_norm"])
+def test_reference_removal_of_what_is_not_there_raises_and_changes_nothing(removal):
+    module = linear(4, 3)
+    OldStyle(None if removal == "prune_remove" else Pruning("l1_unstructured")).apply(module, "weight")
+    before, hooks = snapshot(module), hook_keys(module)
+    with pytest.raises(ValueError, match="'weight'"):
+        getattr(reference, removal)(module, "weight")
+    assert_unchanged(before, module)
+    assert hook_keys(module) == hooks
+
+
+@pytest.mark.parametrize("old_style", [c for c in CASES if c.first is None], ids=str)
+def test_reference_remove_weight_norm_matches_torch_on_a_plain_module(old_style):
+    ours, theirs = linear(4, 3), linear(4, 3)
+    for m in (ours, theirs):
+        old_style.apply(m, "weight")
+    reference.remove_weight_norm(ours, "weight")
+    torch.nn.utils.remove_weight_norm(theirs, "weight")
+    assert type(ours.weight) is type(theirs.weight) is nn.Parameter
+    assert torch.equal(ours.weight, theirs.weight)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+def _example(old_style: OldStyle, conversion_name: str) -> Example:
+    tree = build_tree(TreeSpec(root=LeafSpec(kind="Linear")))
+    path, name = matrix_slot(tree)
+    old_style.apply(owner_at(tree, path), name)
+    conversion = next(c for c in CONVERSIONS if c.name == conversion_name)
+    return Example(tree, conversion=conversion, method=old_style)
+
+
+@pytest.mark.parametrize(("old_style", "conversion", "applies"), [
+    (OldStyle(Pruning("l1_unstructured", amount=0.5)), "TwoTensor", True),
+    (OldStyle(Pruning("identity", amount=0.0)), "TwoTensor", False),
+    (OldStyle(Pruning("l1_unstructured", amount=0.5)), "double()", False),
+    (OldStyle(None), "TwoTensor", False),
+])
+def test_the_declared_deviation_applies_where_the_pruning_is_lost(old_style, conversion, applies):
+    assert pruning_lost_on_wrapper(_example(old_style, conversion)) is applies
