@@ -51,6 +51,7 @@ PARAMETRIZE = (
     "PARAMETRIZE-ASSIGN", "PARAMETRIZE-CACHED", "PARAMETRIZE-DEEPCOPY", "PARAMETRIZE-REFUSED",
     "PARAMETRIZE-REMOVE", "PARAMETRIZE-STACK", "PARAMETRIZE-TRANSFER",
 )
+OLD_STYLE = ("OLD-STYLE-REMOVE",)
 ACCESSOR = ("ACCESSOR-DEL", "ACCESSOR-GET", "ACCESSOR-REFUSED", "ACCESSOR-SET", "ACCESSOR-SWAP")
 MODULE_CONVERSIONS = (
     "MODCONV-ATOMIC", "MODCONV-CONTRACT", "MODCONV-HOOKS", "MODCONV-IDENTITY", "MODCONV-TIES",
@@ -59,7 +60,8 @@ MODULE_CONVERSIONS = (
 FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
     "sequences": SEQUENCES, "load_state_dict": LOAD, "checkpoint": CHECKPOINT,
-    "registration": REGISTRATION, "parametrize": PARAMETRIZE, "accessor": ACCESSOR,
+    "registration": REGISTRATION, "parametrize": PARAMETRIZE, "old_style": OLD_STYLE,
+    "accessor": ACCESSOR,
     "module_conversions": MODULE_CONVERSIONS,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
@@ -73,6 +75,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "checkpoint": ("apply",),
     "registration": ("apply",),  # the registration methods a target lacks are built beside apply
     "parametrize": ("apply",),
+    "old_style": ("apply",),  # the removals a target lacks are the reference's
     "accessor": ("apply",),  # torch's accessor, on modules the target's apply converted
     "module_conversions": ("module_conversions",),  # the host's own; nothing else of the target
 }

@@ -21,6 +21,8 @@ the ``seq`` sample draws fewer, see :data:`SAMPLES`):
 * ``conversion``, ``method``, ``call``, ``load``: ``strategies.reach``'s ``conversion_reach``,
   ``method_reach`` (public method calls as APPLY-METHOD-ARGS draws them), ``call_reach``,
   ``load_reach``.
+* ``oldstyle``: ``strategies.old_style.old_styles(2)``: the reparametrizations OLD-STYLE-REMOVE
+  puts on a matrix.
 * ``seq``: the steps of derandomized sequences of the sequence machine on the reference
   (``properties.rules.sequence_reach``).
 
@@ -265,6 +267,12 @@ def _load(n: int) -> list[frozenset[str]]:
     return load_reach(n)
 
 
+def _oldstyle(n: int) -> list[frozenset[str]]:
+    from swapspec.strategies.old_style import old_styles
+    from swapspec.strategies.reach import sample
+    return sample(old_styles(2), n, lambda o: o.features)
+
+
 def _seq(n: int) -> list[frozenset[str]]:
     from swapspec.properties.rules.sequence_reach import sequence_reach
     return sequence_reach(n)[0]
@@ -280,6 +288,7 @@ SAMPLES: dict[str, tuple[Callable[[int], list[frozenset[str]]], int]] = {
     "method": (_method, 1),
     "call": (_call, 1),
     "load": (_load, 1),
+    "oldstyle": (_oldstyle, 1),
     "seq": (_seq, 3),
 }
 

@@ -20,6 +20,7 @@ PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties
                     "swapspec.properties.rules.test_checkpoint",
                     "swapspec.properties.rules.test_registration",
                     "swapspec.properties.rules.test_parametrize",
+                    "swapspec.properties.rules.test_old_style",
                     "swapspec.properties.rules.test_accessor",
                     "swapspec.properties.rules.test_contracts",
                     "swapspec.properties.rules.test_module_conversions")
