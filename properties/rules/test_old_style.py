@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from hypothesis import assume, given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 from torch import nn
 
@@ -80,6 +80,8 @@ def test_remove_after_apply(target, data):
     hooks = hook_keys(owner)
     old_style = data.draw(old_styles(getattr(owner, name).dim()), label="old style")
     old_style.apply(owner, name)
+    for feature in sorted(old_style.features):
+        event(f"old style: {feature}")
     example = Example(module, conversion=conversion, flags=data.draw(flag_settings(), label="flags"),
                       method=old_style)
     check = Checker("OLD-STYLE-REMOVE", target, example)
@@ -95,6 +97,7 @@ def test_remove_after_apply(target, data):
     before, decorated = snapshot_for_load(module), hook_keys(owner)
     remove = target.method(old_style.removal)
     removal = attempt(lambda: remove(owner, name, overwrite=False, swap=False))
+    event(f"removal: {'raised' if removal.error else 'returned'}")
     if removal.error is not None:
         check.that(expected.error is not None, "raised",
                    f"the removal raised {removal.error!r} where the reparametrized value "
