@@ -50,7 +50,8 @@ IMPORTS = [
     "from torch.nn.utils import parametrize",
 ]
 
-SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices", "host_leaves")
+SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices", "host_leaves",
+           "modes")
 
 CATALOGUE_LEAF = '''
 def catalogue_leaf(entry, variant, seed):

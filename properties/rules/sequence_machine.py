@@ -19,7 +19,8 @@ module from the tree strategy; each later step is one rule, drawn with its argum
   (a forward's output held with its graph, or released),
   ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
 
-Conversions and loads run under the default dtype the build drew (torch's, or float64), and
+Conversions and loads run under the default dtype the build drew (torch's, or float64) and the
+torch mode it drew (``MODE_CHOICES``: a pass-through function or dispatch mode, or none), and
 every step under the global module hooks it drew (``GLOBAL_HOOKS``: forward, full backward or
 non-full backward hooks that do nothing, or none).
 
@@ -121,6 +122,7 @@ from swapspec.strategies.decorations import OLD_STYLE
 from swapspec.strategies.host_leaves import HostLeaf
 from swapspec.strategies.host_material import host_material
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS
+from swapspec.strategies.modes import MODE_CLASSES, MODES, active_mode
 from swapspec.strategies.module_steps import GradClip, grad_clips, module_fn_source, module_fns
 
 # The rules of the machine, by the step names ``begin`` gives them: ordered pairs of them
@@ -222,6 +224,12 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(saved)
+
+
+# The torch mode a life runs the target's conversions and loads under, drawn at the build (none
+# in half the lives): a pass-through ``TorchFunctionMode`` or ``TorchDispatchMode``
+# (``strategies.modes``), under which each must do exactly what it does without one.
+MODE_CHOICES = (None, None, *MODES)
 
 
 # Global module hooks a life runs under, drawn at the build (none in half the lives): each kind's
@@ -385,11 +393,13 @@ class SequenceMachine(RuleBasedStateMachine):
 
     @initialize(module=trees, inputs=forward_inputs(), palette=palettes,
                 dtype=st.sampled_from(DEFAULT_DTYPES),
-                global_hooks=st.sampled_from(GLOBAL_HOOK_CHOICES))
+                global_hooks=st.sampled_from(GLOBAL_HOOK_CHOICES),
+                mode=st.sampled_from(MODE_CHOICES))
     def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any],
-              dtype: torch.dtype = torch.float32, global_hooks: str | None = None) -> None:
+              dtype: torch.dtype = torch.float32, global_hooks: str | None = None,
+              mode: str | None = None) -> None:
         self.module, (self.x,), self.palette = module, inputs, palette
-        self.default_dtype = dtype
+        self.default_dtype, self.mode = dtype, mode
         self.global_hooks = global_hooks
         registrations = GLOBAL_HOOKS.get(global_hooks, ())
         for registration in registrations:
@@ -423,7 +433,7 @@ class SequenceMachine(RuleBasedStateMachine):
         with default_dtype(self.default_dtype):
             prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
                                             conversion.preserves_values)
-            with defined_empty_memory(open_values):
+            with defined_empty_memory(open_values), active_mode(self.mode):
                 outcome = attempt(lambda: self.target.apply(
                     self.module, conversion.make_fn(), overwrite=flags.overwrite, swap=flags.swap)
                     if conversion.call is None else
@@ -436,7 +446,7 @@ class SequenceMachine(RuleBasedStateMachine):
                  repro.method_lines(self.target, conversion.call, flags.overwrite, flags.swap))
         if open_values:
             lines = [*DEFINED_EMPTY_MEMORY_LINES[0], *lines, *DEFINED_EMPTY_MEMORY_LINES[1]]
-        self.after(check, prediction, outcome, self.under_default_dtype(lines))
+        self.after(check, prediction, outcome, self.under_process_state(lines))
         self.stop_checking_lost_hooks(check)
 
     @rule(data=st.data())
@@ -544,17 +554,21 @@ class SequenceMachine(RuleBasedStateMachine):
         with default_dtype(self.default_dtype):
             prediction = (Prediction(error=RuntimeError) if bad else
                           self.model.load(values, assign=assign, swap=swap, own=kind == "own"))
-            outcome = attempt(lambda: self.target.load_state_dict(
-                self.module, state_dict, strict=True, assign=assign, swap=swap))
+            with active_mode(self.mode):
+                outcome = attempt(lambda: self.target.load_state_dict(
+                    self.module, state_dict, strict=True, assign=assign, swap=swap))
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
             self.model, prediction = before, Prediction(error=RuntimeError)  # a refused swap
             self.model.poisoned = True
-        self.after(check, prediction, outcome, self.under_default_dtype(
+        self.after(check, prediction, outcome, self.under_process_state(
             repro.load_lines(self.target, kind, state_dict, assign, swap)))
         self.stop_checking_lost_hooks(check)
 
-    def under_default_dtype(self, lines: list[str]) -> list[str]:
-        """A step's repro lines, run under the life's default dtype where it is not torch's."""
+    def under_process_state(self, lines: list[str]) -> list[str]:
+        """A conversion's or load's repro lines, run under the life's mode (if any) and its
+        default dtype where it is not torch's."""
+        if self.mode is not None:
+            lines = [f"with {MODE_CLASSES[self.mode].__name__}():", *(f"    {line}" for line in lines)]
         if self.default_dtype == torch.float32:
             return lines
         return [f"torch.set_default_dtype({self.default_dtype})", *lines,

@@ -42,6 +42,7 @@ from swapspec.properties.harness.marking import per_target_cases
 from swapspec.properties.rules.sequence_machine import (
     DEFAULT_DTYPES,
     GLOBAL_HOOK_CHOICES,
+    MODE_CHOICES,
     RULES,
     SequenceMachine,
     palettes,
@@ -173,7 +174,8 @@ def run_pair(target: Any, property_id: str, pair: tuple[str, str], data: st.Data
                           data.draw(forward_inputs(), label="x"),
                           data.draw(palettes, label="palette"),
                           data.draw(st.sampled_from(DEFAULT_DTYPES), label="default dtype"),
-                          data.draw(st.sampled_from(GLOBAL_HOOK_CHOICES), label="global hooks"))
+                          data.draw(st.sampled_from(GLOBAL_HOOK_CHOICES), label="global hooks"),
+                          data.draw(st.sampled_from(MODE_CHOICES), label="mode"))
             assume(all(can_reach(machine, rule) for rule in pair))
             first, then = pair
             run_rule(machine, first, data)

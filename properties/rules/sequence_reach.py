@@ -19,7 +19,7 @@ from swapspec.strategies.reach import frequencies, table
 def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
     """For ``n`` derandomized sequences of ``properties.rules.sequence_machine`` run on the reference:
     the set of steps each sequence ran (rule names, ``train``/``checkpoint`` by their kind, and
-    ``default dtype: <dtype>`` and ``global hooks: <kind>``, drawn at its build) and each
+    ``default dtype: <dtype>``, ``global hooks: <kind>`` and ``mode: <kind>``, drawn at its build) and each
     sequence's length (steps after the build)."""
     from hypothesis import HealthCheck as Checks
 
@@ -47,7 +47,8 @@ def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
             super().teardown()
             dtype = str(self.default_dtype).removeprefix("torch.")
             hooks = {f"global hooks: {self.global_hooks}"}
-            seen.append(frozenset(self.ran) - {"build"} | {f"default dtype: {dtype}"} | hooks)
+            seen.append(frozenset(self.ran) - {"build"} | {f"default dtype: {dtype}"} | hooks
+                        | {f"mode: {self.mode}"})
             lengths.append(len(self.ran) - 1)
 
     run_sequences(builtin_target("reference"), STATE, Recording, settings(
