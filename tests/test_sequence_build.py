@@ -68,3 +68,39 @@ def test_a_conversion_under_a_float64_default_runs_under_it_and_puts_it_back(_: 
     assert "torch.set_default_dtype(torch.float64)" in last
     assert last[-1] == "torch.set_default_dtype(torch.float32)"
     machine.teardown()
+
+
+@settings(max_examples=1, database=None, deadline=None)
+@given(st.none())
+def test_a_conversion_under_a_drawn_mode_runs_under_it_and_its_repro_enters_it(_: None) -> None:
+    """Rule: a life drawn with a mode runs its conversion steps under that mode (the mode sees
+    the conversion's ops; judged, passing on the reference), leaves no mode active after the
+    step, and its repro wraps the step in the mode, whose definition the script carries."""
+    from swapspec.properties.models import standalone
+    from swapspec.strategies import modes
+
+    for kind, cls in modes.MODE_CLASSES.items():
+        machine = _machine(mode=kind)
+        seen = []
+        original = cls.__torch_function__ if kind == "function" else cls.__torch_dispatch__
+
+        def recording(self, func, *args, _original=original, **kwargs):
+            seen.append(func)
+            return _original(self, func, *args, **kwargs)
+
+        setattr(cls, original.__name__, recording)
+        try:
+            machine.convert(_Scripted(DOUBLE), FlagSetting(overwrite=False, swap=False))
+        finally:
+            setattr(cls, original.__name__, original)
+        assert seen and machine.judged, kind
+        assert not torch.overrides._get_current_function_mode_stack()
+        assert not torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+        last = machine.steps[-1]
+        start = last.index(f"with {cls.__name__}():")
+        assert last[start + 1].startswith("    ") and "double" in "\n".join(last[start:])
+        namespace = {"torch": torch, "Any": object}
+        exec("\n".join(standalone.definitions({cls.__name__})), namespace)
+        with namespace[cls.__name__]():
+            assert torch.ones(2).double().dtype == torch.float64
+        machine.teardown()
