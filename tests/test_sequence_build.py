@@ -84,8 +84,8 @@ def test_a_conversion_under_a_drawn_mode_runs_under_it_and_its_repro_enters_it(_
         seen = []
         original = cls.__torch_function__ if kind == "function" else cls.__torch_dispatch__
 
-        def recording(self, func, *args, _original=original, **kwargs):
-            seen.append(func)
+        def recording(self, func, *args, _original=original, _seen=seen, **kwargs):
+            _seen.append(func)
             return _original(self, func, *args, **kwargs)
 
         setattr(cls, original.__name__, recording)
