@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.strategies.trees import DTYPES, join, slot_values, tensor_values
 
-VALUE_KINDS = ("own", "fresh", "other-dtype", "meta", "two-tensor", "own-tensor")
+VALUE_KINDS = ("own", "fresh", "other-dtype", "meta", "two-tensor", "own-tensor", "one-element")
 # The kinds that are the slot's own data, which a load treats as unchanged (reference rule 6).
 OWN_KINDS = ("own", "own-tensor")
 ALIAS_KINDS = ("same-object", "equal-copies", "independent")
@@ -104,6 +104,8 @@ def _kind_for(t: Tensor, kind: str) -> str:
         return "fresh"
     if kind == "two-tensor" and (not floating or t.is_meta):
         return "fresh"
+    if kind == "one-element" and (t.dim() != 0 or t.is_meta):
+        return "fresh"
     return kind
 
 
@@ -122,6 +124,8 @@ def _value(t: Tensor, kind: str, dtype: str, gen: torch.Generator, keys: Sequenc
     fresh = slot_values(keys, shape, dtype, gen).to(t.device)
     if kind == "two-tensor":
         return TwoTensor(fresh, fresh.clone())
+    if kind == "one-element":  # torch's 0.3 compatibility: a (1,) value loads a 0-dim slot
+        return fresh.reshape(1)
     return fresh
 
 
@@ -375,9 +379,12 @@ def state_dicts(
     shrink towards the first): ``own`` (the state dict's own detached tensor), ``fresh`` (new
     values, same shape, dtype and device, from a drawn seed), ``other-dtype`` (another floating
     dtype), ``meta`` (an empty ``meta`` tensor of the shape and dtype), ``two-tensor`` (a
-    ``TwoTensor`` of fresh values), ``own-tensor`` (the module's own Parameter or buffer object).
+    ``TwoTensor`` of fresh values), ``own-tensor`` (the module's own Parameter or buffer object),
+    ``one-element`` (fresh values of shape ``(1,)`` for a 0-dim slot, which torch loads as the
+    element: its 0.3 compatibility).
     A tensor that allows no new values (lazy, sparse, a wrapper subclass) gets ``own``; a
-    non-floating one gets ``fresh`` for ``other-dtype`` and ``two-tensor``. The keys of one tie
+    non-floating one gets ``fresh`` for ``other-dtype`` and ``two-tensor``, one that is not 0-dim
+    (or is meta) for ``one-element``. The keys of one tie
     group get one object, equal copies, or their own draws (``alias: same-object``,
     ``equal-values``, ``different-values``).
 

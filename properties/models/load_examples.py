@@ -108,7 +108,8 @@ def conflicting_groups(module: nn.Module, values: dict[str, Any],
     out = []
     for keys in groups_by_object(module):
         slot = own[keys[0]]
-        changed = [values[k] for k in keys if k in values and isinstance(values[k], Tensor)
+        changed = [as_loaded(slot, values[k]) for k in keys
+                   if k in values and isinstance(values[k], Tensor)
                    and not unchanged_data(slot, values[k], given)]
         if any(not equal_values(v, changed[0]) for v in changed[1:]):
             out.append(keys)
@@ -118,7 +119,8 @@ def conflicting_groups(module: nn.Module, values: dict[str, Any],
 def loaded_values(before: dict[str, Tensor], given: dict[str, Any]) -> dict[str, Any]:
     """Each given key of a slot (``before``: every name's tensor, as ``named_tensors`` gives
     them) -> the value its tensor object is loaded from (``loading_key``; keys in the given
-    order, which a drawn state dict takes from ``state_dict()``, the traversal's)."""
+    order, which a drawn state dict takes from ``state_dict()``, the traversal's), as the load
+    writes it (``as_loaded``)."""
     keys_of: dict[int, list[str]] = {}
     for key in given:
         if key in before:
@@ -127,8 +129,18 @@ def loaded_values(before: dict[str, Tensor], given: dict[str, Any]) -> dict[str,
     for keys in keys_of.values():
         key = loading_key(before[keys[0]], keys, given)
         if key is not None:
-            out.update(dict.fromkeys(keys, given[key]))
+            out.update(dict.fromkeys(keys, as_loaded(before[keys[0]], given[key])))
     return out
+
+
+def as_loaded(slot: Any, value: Any) -> Any:
+    """What a load writes into ``slot`` from ``value``: ``value`` itself, or its element where
+    ``slot`` is 0-dim and ``value`` has shape ``(1,)`` (torch's 0.3 compatibility, which indexes
+    it: the element is a view of ``value``)."""
+    if (isinstance(slot, Tensor) and isinstance(value, Tensor) and not is_lazy(slot)
+            and slot.dim() == 0 and tuple(value.shape) == (1,)):
+        return value[0]
+    return value
 
 
 def expected_load_paths(before: dict[str, Tensor], load: Any) -> dict[str, str]:

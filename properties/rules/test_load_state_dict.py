@@ -46,7 +46,7 @@ from swapspec.strategies.state_dicts import LoadInput, state_dicts, swap_flags
 trees = module_trees(lazy=False)
 swappable_trees = module_trees(lazy=False, needs=("swappable", "parameter"))
 tied_trees = module_trees(lazy=False, tie_chance=100, needs=("tie",))
-SAFE_KINDS = ("own", "fresh", "other-dtype", "own-tensor")  # kinds no path refuses
+SAFE_KINDS = ("own", "fresh", "other-dtype", "own-tensor", "one-element")  # no path refuses them
 
 
 def require_load_state_dict(target: Any) -> None:
@@ -75,7 +75,7 @@ def _verdict(check: Checker, example: Example, target: Any) -> None:
 def loads(modules: st.SearchStrategy[nn.Module] = trees, safe: bool = False, **options: Any):
     """A tree and an input whose load the spec accepts (``safe``: only kinds no path refuses)."""
     kinds = SAFE_KINDS if safe else ("own", "fresh", "other-dtype", "meta", "two-tensor",
-                                     "own-tensor")
+                                     "own-tensor", "one-element")
     return modules.flatmap(lambda m: st.tuples(st.just(m), state_dicts(
         m, kinds=kinds, invalid=False, outcome="succeeds", **options)))
 
