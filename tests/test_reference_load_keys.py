@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from swapspec import reference
+from swapspec.properties.harness.targets import torch_future_flags
 from tests.helpers_load import (
     error_of,
     load,
@@ -203,3 +204,26 @@ def test_key_model_counts_the_missing_keys_old_spectral_norm_adds(dropped, metad
         reference_keys = reference.load_state_dict(build(), given, strict=False)
     model = key_model(build(), given)
     assert sorted(torch_keys.missing_keys) == sorted(reference_keys.missing_keys) == sorted(model.missing)
+
+
+def test_a_one_element_value_loads_a_0d_slot_with_its_element_like_torch():
+    """torch's 0.3 compatibility: a ``(1,)`` value loads a 0-dim slot with its element, on
+    every path, and the load model (``as_loaded``) predicts it; any other shape stays a size
+    mismatch."""
+    from swapspec.properties.models.load_examples import as_loaded, loaded_values
+
+    for assign, swap in [(False, False), (True, False), (False, True), (True, True)]:
+        ours, theirs = nn.Module(), nn.Module()
+        for m in (ours, theirs):
+            m.register_buffer("count", torch.tensor(1.0))
+        value = torch.tensor([3.0])
+        reference.load_state_dict(ours, {"count": value}, assign=assign, swap=swap)
+        with torch_future_flags(swap=swap):
+            theirs.load_state_dict({"count": value.clone()}, assign=assign)
+        assert ours.count.shape == theirs.count.shape == ()
+        assert float(ours.count) == float(theirs.count) == 3.0
+        assert float(loaded_values({"count": torch.tensor(1.0)}, {"count": value})["count"]) == 3.0
+    two = torch.tensor([3.0, 4.0])
+    assert as_loaded(torch.tensor(1.0), two) is two
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        reference.load_state_dict(ours, {"count": two})
