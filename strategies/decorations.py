@@ -14,7 +14,9 @@ A :class:`DecorationSpec` is pure data (part of a :class:`~strategies.tree_spec.
   parameter; ``module-hooks``: a forward hook and a forward pre-hook on the module;
   ``backward-hooks``: a full backward pre-hook and a full backward hook on the module
   (``register_full_backward_pre_hook``/``register_full_backward_hook``, which wrap forward's
-  inputs and outputs in ``BackwardHookFunction``); ``forward-kwargs-hooks``: a forward pre-hook
+  inputs and outputs in ``BackwardHookFunction``); ``old-backward-hook``: one non-full
+  ``register_backward_hook``, which hooks the ``grad_fn`` of forward's output (torch refuses
+  both kinds on one module); ``forward-kwargs-hooks``: a forward pre-hook
   and a forward hook registered ``with_kwargs=True``, the latter ``always_call=True``. Each hook
   counts its firings in its module's ``sw_hook_counts`` (a ``collections.Counter``) under
   ``'<kind>:<path>[.<name>]'`` (:func:`hook_counts` adds them up over a tree); the hooks change
@@ -36,9 +38,12 @@ from torch.nn.utils import parametrizations, parametrize, prune
 
 PARAMETRIZATIONS = ("weight_norm", "spectral_norm", "orthogonal", "custom", "custom-inverse")
 OLD_STYLE = ("old-weight-norm", "old-spectral-norm", "prune")
-HOOKS = ("tensor-hooks", "module-hooks", "backward-hooks", "forward-kwargs-hooks")
-MODULE_KINDS = ("module-hooks", "backward-hooks", "forward-kwargs-hooks")
+HOOKS = ("tensor-hooks", "module-hooks", "backward-hooks", "forward-kwargs-hooks",
+         "old-backward-hook")
+MODULE_KINDS = ("module-hooks", "backward-hooks", "forward-kwargs-hooks", "old-backward-hook")
 KINDS = (*HOOKS, *PARAMETRIZATIONS, *OLD_STYLE)
+# Full and non-full backward hooks: torch refuses both on one module.
+BACKWARD_KINDS = ("backward-hooks", "old-backward-hook")
 NEEDS_MATRIX = ("orthogonal",)
 HOOK_COUNTS = "sw_hook_counts"
 
@@ -130,6 +135,12 @@ def _backward_hooks(root: nn.Module, spec: DecorationSpec) -> None:
     module.register_full_backward_hook(ModuleHook(f"backward-hook:{spec.path}"))
 
 
+def _old_backward_hook(root: nn.Module, spec: DecorationSpec) -> None:
+    module = _owner(root, spec)
+    _counter(module)
+    module.register_backward_hook(ModuleHook(f"old-backward-hook:{spec.path}"))
+
+
 def _forward_kwargs_hooks(root: nn.Module, spec: DecorationSpec) -> None:
     module = _owner(root, spec)
     _counter(module)
@@ -172,6 +183,7 @@ _DECORATORS: dict[str, Callable[[nn.Module, DecorationSpec], None]] = {
     "tensor-hooks": _tensor_hooks,
     "module-hooks": _module_hooks,
     "backward-hooks": _backward_hooks,
+    "old-backward-hook": _old_backward_hook,
     "forward-kwargs-hooks": _forward_kwargs_hooks,
 }
 

@@ -11,7 +11,12 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
-from swapspec.strategies.decorations import MODULE_KINDS, DecorationSpec, decoratable
+from swapspec.strategies.decorations import (
+    BACKWARD_KINDS,
+    MODULE_KINDS,
+    DecorationSpec,
+    decoratable,
+)
 from swapspec.strategies.tree_options import SHAPES, Draw, TreeOptions, coin
 from swapspec.strategies.tree_spec import (
     CONTAINER_KINDS,
@@ -202,8 +207,9 @@ def draw_decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[Tie
     Tied slots are left alone (a parametrization moves the tensor it decorates), and so are
     ``Parameter`` subclasses, which ``parametrize`` refuses, and sparse embeddings' weights
     (reparametrized, their sparse grads fail in backward), and the tensors of catalogue leaves
-    (torch's own modules: only their adapter gets module hooks). Shrinks towards none, and towards the
-    hooks (first in the kind list) before any reparametrization.
+    (torch's own modules: only their adapter gets module hooks). A module gets full or non-full
+    backward hooks, never both (``decorations.BACKWARD_KINDS``: torch refuses them together). Shrinks towards none, and towards the hooks
+    (first in the kind list) before any reparametrization.
     """
     if not coin(draw, chance):
         return ()
@@ -231,8 +237,9 @@ def draw_decorations(draw: Draw, root: LeafSpec | ContainerSpec, ties: tuple[Tie
         kind = draw(st.sampled_from(feasible))
         if kind in MODULE_KINDS:
             path = draw(st.sampled_from(modules))
-            if (path, kind) not in used:
-                used.add((path, kind))
+            key = (path, "backward hooks") if kind in BACKWARD_KINDS else (path, kind)
+            if key not in used:  # one kind of backward hooks per module: torch refuses both
+                used.add(key)
                 out.append(DecorationSpec(kind, path))
             continue
         slots = candidates(kind)

@@ -181,6 +181,8 @@ def state_features(root: Any) -> set[str]:
                           ("_load_state_dict_post_hooks", "hook: load_state_dict post")):
             if getattr(m, attr, None):
                 tags.add(tag)
+        if m._backward_hooks and m._is_full_backward_hook is False:
+            tags.add("hook: module backward (non-full)")
         for p in m._parameters.values():
             if p is None:
                 tags.add("param: None")

@@ -75,8 +75,7 @@ def test_a_conversion_under_a_float64_default_runs_under_it_and_puts_it_back(_: 
 def test_a_conversion_under_a_drawn_mode_runs_under_it_and_its_repro_enters_it(_: None) -> None:
     """Rule: a life drawn with a mode runs its conversion steps under that mode (the mode sees
     the conversion's ops; judged, passing on the reference), leaves no mode active after the
-    step, and its repro wraps the step in the mode, whose definition the script carries."""
-    from swapspec.properties.models import standalone
+    step, and its repro imports the mode and wraps the step in it."""
     from swapspec.strategies import modes
 
     for kind, cls in modes.MODE_CLASSES.items():
@@ -98,9 +97,9 @@ def test_a_conversion_under_a_drawn_mode_runs_under_it_and_its_repro_enters_it(_
         assert not torch.utils._python_dispatch._get_current_dispatch_mode_stack()
         last = machine.steps[-1]
         start = last.index(f"with {cls.__name__}():")
+        assert last[start - 1] == f"from swapspec.strategies.modes import {cls.__name__}"
         assert last[start + 1].startswith("    ") and "double" in "\n".join(last[start:])
-        namespace = {"torch": torch, "Any": object}
-        exec("\n".join(standalone.definitions({cls.__name__})), namespace)
-        with namespace[cls.__name__]():
-            assert torch.ones(2).double().dtype == torch.float64
+        namespace = {"torch": torch}
+        exec("\n".join([last[start - 1], last[start], "    y = torch.ones(2).double()"]), namespace)
+        assert namespace["y"].dtype == torch.float64
         machine.teardown()

@@ -50,8 +50,7 @@ IMPORTS = [
     "from torch.nn.utils import parametrize",
 ]
 
-SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices", "host_leaves",
-           "modes")
+SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices", "host_leaves")
 
 CATALOGUE_LEAF = '''
 def catalogue_leaf(entry, variant, seed):
@@ -376,6 +375,7 @@ _MODULE_HOOK_LINES = {
                      "register_forward_hook(ModuleHook('forward-hook:{path}'))"),
     "backward-hooks": ("register_full_backward_pre_hook(ModuleHook('backward-pre-hook:{path}'))",
                        "register_full_backward_hook(ModuleHook('backward-hook:{path}'))"),
+    "old-backward-hook": ("register_backward_hook(ModuleHook('old-backward-hook:{path}'))",),
     "forward-kwargs-hooks": (
         "register_forward_pre_hook(ModuleHook('forward-pre-hook-kwargs:{path}'), with_kwargs=True)",
         "register_forward_hook(ModuleHook('forward-hook-kwargs:{path}'), with_kwargs=True, "

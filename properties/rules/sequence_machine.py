@@ -568,7 +568,9 @@ class SequenceMachine(RuleBasedStateMachine):
         """A conversion's or load's repro lines, run under the life's mode (if any) and its
         default dtype where it is not torch's."""
         if self.mode is not None:
-            lines = [f"with {MODE_CLASSES[self.mode].__name__}():", *(f"    {line}" for line in lines)]
+            mode = MODE_CLASSES[self.mode].__name__
+            lines = [f"from swapspec.strategies.modes import {mode}", f"with {mode}():",
+                     *(f"    {line}" for line in lines)]
         if self.default_dtype == torch.float32:
             return lines
         return [f"torch.set_default_dtype({self.default_dtype})", *lines,
