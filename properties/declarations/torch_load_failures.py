@@ -16,6 +16,7 @@ from torch.nn.parameter import is_lazy
 from swapspec.properties.models.apply_state import swap_tensors_takes
 from swapspec.properties.models.examples import named_tensors
 from swapspec.properties.models.load_examples import (
+    as_loaded,
     conflicting_groups,
     equal_values,
     fits,
@@ -30,10 +31,11 @@ def own_state(example: Any) -> dict[str, Any]:
 
 
 def torch_writes(example: Any) -> list[tuple[str, Tensor, Any]]:
-    """(key, slot, value) for every key torch writes: a tensor-like value that fits its slot,
-    and the ``num_batches_tracked`` a norm layer fills in for itself (``norm_defaults``)."""
+    """(key, slot, value) for every key torch writes: a tensor-like value that fits its slot, as
+    torch writes it (``as_loaded``: a ``(1,)`` value's element into a 0-dim slot), and the
+    ``num_batches_tracked`` a norm layer fills in for itself (``norm_defaults``)."""
     own, given = own_state(example), example.load.state_dict
-    return [*((k, own[k], v) for k, v in given.items()
+    return [*((k, own[k], as_loaded(own[k], v)) for k, v in given.items()
               if isinstance(own.get(k), Tensor) and fits(own[k], v)),
             *norm_defaults(example.module, given)]
 
