@@ -1,11 +1,10 @@
 """Unit tests for the old-style reparametrizations the ``OLD-STYLE-`` properties draw
-(``strategies.old_style``), the reference's removals (``reference.reparametrizations``), the
-model they are judged by (``properties.models.old_style_state``) and torch's declared
-deviation (``properties.declarations.torch_old_style``)."""
+(``strategies.old_style``), the model they are judged by (``properties.models.old_style_state``)
+and torch's declared deviation (``properties.declarations.torch_old_style``); the reference's
+removals are tested in ``tests/test_reference_reparametrizations.py``."""
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -13,32 +12,18 @@ import torch
 from hypothesis import given, settings
 from torch import nn
 from torch.nn.utils import prune
-from torch.testing._internal.two_tensor import TwoTensor
 
-from swapspec import reference
 from swapspec.properties.declarations.torch_old_style import pruning_lost_on_wrapper
 from swapspec.properties.models.examples import Example
-from swapspec.properties.models.old_style_state import hook_keys, reparametrized_value
+from swapspec.properties.models.old_style_state import reparametrized_value
 from swapspec.properties.models.parametrize_state import matrix_slot, owner_at
 from swapspec.strategies import build_tree
 from swapspec.strategies.conversions import CONVERSIONS
 from swapspec.strategies.old_style import METHODS, OldStyle, Pruning, old_styles
 from swapspec.strategies.tree_spec import LeafSpec
 from swapspec.strategies.trees import TreeSpec
-from tests.helpers_modules import assert_unchanged, linear, snapshot
-
-PRUNING_CASES = [Pruning("l1_unstructured", amount=0.5), Pruning("random_unstructured", amount=0.25),
-                 Pruning("global_unstructured", amount=0.5),
-                 Pruning("ln_structured", amount=0.5, n=math.inf, dim=-1),
-                 Pruning("random_structured", amount=0.5, dim=1), Pruning("identity", amount=0.0),
-                 Pruning("custom_from_mask", every=3)]
-CASES = [OldStyle(p, seed=7) for p in PRUNING_CASES] + [
-    OldStyle(Pruning("ln_structured", amount=0.5), Pruning("l1_unstructured", amount=0.25), seed=3),
-    OldStyle(None, norm_dim=0), OldStyle(None, norm_dim=None)]
-
-
-def _two_tensor(t: torch.Tensor) -> torch.Tensor:
-    return TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() else t
+from tests.helpers_modules import linear
+from tests.helpers_old_style import CASES, two_tensor
 
 
 def _run(lines: list[str], module: nn.Module) -> None:
@@ -88,55 +73,14 @@ def test_every_drawn_reparametrization_of_a_vector_applies(old_style):
     assert set(module.state_dict()) == {"v_g", "v_v"} if old_style.first is None else {"v_orig", "v_mask"}
 
 
-@pytest.mark.parametrize("old_style", CASES, ids=str)
-def test_reference_removal_keeps_the_reparametrized_value_on_a_wrapper_subclass(old_style):
-    module = linear(4, 3)
-    old_style.apply(module, "weight")
-    with torch.no_grad():  # weight_norm's computed weight holds a graph over g and v until then
-        module(torch.ones(2, 4))
-    module._apply(_two_tensor)
-    value = reparametrized_value(module, "weight", old_style)
-    kept = module._parameters.get("weight_orig")
-    remove = getattr(reference, old_style.removal)
-    remove(module, "weight")
-    assert type(module.weight) is TwoTensor
-    assert torch.equal(module.weight.a, value.a) and torch.equal(module.weight.b, value.b)
-    assert kept is None or module.weight is kept
-    assert set(module.state_dict()) == {"weight", "bias"}
-    assert not module._forward_pre_hooks
-
-
 def test_torchs_prune_remove_loses_the_pruning_on_a_wrapper_subclass():
     """The behaviour ``torch.prune.remove-loses-pruning-on-wrapper`` declares: fails once
     torch writes the pruned value into the inner tensors."""
     module = linear(4, 3)
     prune.l1_unstructured(module, "weight", amount=0.5)
-    module._apply(_two_tensor)
+    module._apply(two_tensor)
     prune.remove(module, "weight")
     assert int((module.weight.a == 0).sum()) == 0
-
-
-@pytest.mark.parametrize("removal", ["prune_remove", "remove_weight_norm"])
-def test_reference_removal_of_what_is_not_there_raises_and_changes_nothing(removal):
-    module = linear(4, 3)
-    OldStyle(None if removal == "prune_remove" else Pruning("l1_unstructured")).apply(module, "weight")
-    before, hooks = snapshot(module), hook_keys(module)
-    with pytest.raises(ValueError, match="'weight'"):
-        getattr(reference, removal)(module, "weight")
-    assert_unchanged(before, module)
-    assert hook_keys(module) == hooks
-
-
-@pytest.mark.parametrize("old_style", [c for c in CASES if c.first is None], ids=str)
-def test_reference_remove_weight_norm_matches_torch_on_a_plain_module(old_style):
-    ours, theirs = linear(4, 3), linear(4, 3)
-    for m in (ours, theirs):
-        old_style.apply(m, "weight")
-    reference.remove_weight_norm(ours, "weight")
-    torch.nn.utils.remove_weight_norm(theirs, "weight")
-    assert type(ours.weight) is type(theirs.weight) is nn.Parameter
-    assert torch.equal(ours.weight, theirs.weight)
-    assert list(ours.state_dict()) == list(theirs.state_dict())
 
 
 def _example(old_style: OldStyle, conversion_name: str) -> Example:
