@@ -4,10 +4,12 @@ can judge either."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from swapspec.properties.models.examples import (
@@ -31,6 +33,15 @@ def attempt(call: Callable[[], Any]) -> Outcome:
         # without this frame in its traceback: the frame holds ``e``, a cycle that would keep
         # every frame below (and the tensors and graphs they hold) alive until a collection
         return Outcome(error=e.with_traceback(e.__traceback__.tb_next))
+
+
+def seeded_attempt(call: Callable[[], Any]) -> Outcome:
+    """:func:`attempt` under a forked CPU RNG seeded alike every time (so dropout draws the same
+    masks), warnings silenced; the caller's RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        return attempt(call)
 
 
 TARGET_RAISED = "swapspec_target_raised"  # set on an exception a target call raised

@@ -39,7 +39,7 @@ from swapspec.properties.models.examples import (
     value_copy,
 )
 from swapspec.properties.models.load_examples import changes, norm_defaults, snapshot_for_load
-from swapspec.properties.models.outcomes import Outcome, attempt
+from swapspec.properties.models.outcomes import Outcome, attempt, seeded_attempt
 from swapspec.strategies import BATCH, FEATURES, FlagSetting, flag_settings, module_trees, tree_info
 from swapspec.strategies.checkpoints import ExtraState, extra_states, rnn_trees
 from swapspec.strategies.conversions import modules_with_conversions
@@ -85,10 +85,7 @@ def _convert_lines(example: Example) -> list[str]:
 
 def _forward(module: nn.Module, x: Tensor) -> Outcome:
     """``module(x)`` with the CPU RNG forked and seeded, so dropout draws the same masks."""
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        return attempt(lambda: module(x))
+    return seeded_attempt(lambda: module(x))
 
 
 def _same_outcome(a: Outcome, b: Outcome) -> bool:
