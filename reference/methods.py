@@ -18,8 +18,9 @@ Rules common to every method:
    before any ``requires_grad`` changes), whatever the module holds.
 4. ``cuda(device)`` is ``t.cuda(device)`` per tensor; it is not exercised here (no CUDA on
    the machines the suite is checked on).
-5. ``prune_remove`` and ``remove_weight_norm`` (``torch.nn.utils.prune.remove``,
-   ``torch.nn.utils.remove_weight_norm``) are ``reference.reparametrizations``': they convert
+5. ``prune_remove``, ``remove_weight_norm`` and ``remove_spectral_norm``
+   (``torch.nn.utils.prune.remove``, ``remove_weight_norm``, ``remove_spectral_norm``) are
+   ``reference.reparametrizations``': they convert
    nothing, so they never call ``apply`` and ignore the flags.
 6. The registration methods (``register_parameter``, ``register_buffer``, ``add_module``,
    ``register_module``, ``setattr``, ``delattr``, ``register_parametrization``) are
@@ -53,7 +54,8 @@ CONVERSION_METHODS = ("to", "to_empty", "half", "float", "double", "bfloat16", "
 GRAD_METHODS = ("requires_grad_", "zero_grad")
 METHODS = (*CONVERSION_METHODS, *GRAD_METHODS)
 REGISTRATION_METHODS = registration.REGISTRATION_METHODS  # converts nothing: flags ignored
-REPARAMETRIZATION_METHODS = ("prune_remove", "remove_weight_norm")  # converts nothing
+# they convert nothing
+REPARAMETRIZATION_METHODS = ("prune_remove", "remove_weight_norm", "remove_spectral_norm")
 
 
 def parse_to(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool, Any]:
@@ -220,6 +222,7 @@ class Methods:
     register_parametrization = staticmethod(registration.register_parametrization)
     prune_remove = staticmethod(reparametrizations.prune_remove)
     remove_weight_norm = staticmethod(reparametrizations.remove_weight_norm)
+    remove_spectral_norm = staticmethod(reparametrizations.remove_spectral_norm)
 
 
 def _reference_apply(module: nn.Module, fn: Callable, *, overwrite: bool | None = None,
@@ -244,6 +247,7 @@ requires_grad_ = REFERENCE_METHODS.requires_grad_
 zero_grad = REFERENCE_METHODS.zero_grad
 prune_remove = reparametrizations.prune_remove
 remove_weight_norm = reparametrizations.remove_weight_norm
+remove_spectral_norm = reparametrizations.remove_spectral_norm
 register_parameter = registration.register_parameter
 register_buffer = registration.register_buffer
 add_module = registration.add_module

@@ -1,5 +1,6 @@
 """Reference removal of the old-style (forward-pre-hook) reparametrizations:
-``torch.nn.utils.prune.remove`` and ``torch.nn.utils.remove_weight_norm``.
+``torch.nn.utils.prune.remove``, ``torch.nn.utils.remove_weight_norm`` and
+``torch.nn.utils.remove_spectral_norm``.
 
 Rules:
 
@@ -16,7 +17,14 @@ Rules:
    hook leaves the forward pre-hooks, and ``name`` becomes a new parameter holding
    ``g * v / ||v||`` (the norm over every dimension but the hook's ``dim``), detached, of ``v``'s
    class.
-3. Each computes the value before it changes anything: a computation that raises leaves the
+3. ``remove_spectral_norm(module, name)`` makes the spectral norm of ``name`` permanent.
+   ``name`` must be spectral-normed (a ``SpectralNorm`` of ``name`` among the module's forward
+   pre-hooks), else ``ValueError`` with torch's message. ``<name>_orig``, ``<name>_u`` and
+   ``<name>_v`` leave the slots; the norm's forward pre-hook, state-dict hook and
+   load-state-dict pre-hook leave their tables (every hook the norm registered); and ``name``
+   becomes a new parameter holding ``orig / sigma`` with the current ``u`` and ``v`` (no power
+   iteration), detached, of ``orig``'s class.
+4. Each computes the value before it changes anything: a computation that raises leaves the
    module as it was.
 """
 
@@ -25,12 +33,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn.utils.prune import BasePruningMethod
+from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 
 def prune_remove(module: nn.Module, name: str, *, overwrite: bool | None = None,
                  swap: bool | None = None) -> nn.Module:
-    """``torch.nn.utils.prune.remove(module, name)`` by rules 1 and 3; returns ``module``. The
+    """``torch.nn.utils.prune.remove(module, name)`` by rules 1 and 4; returns ``module``. The
     flags are ignored."""
     key, hook = _hook_of(module, name, BasePruningMethod, "_tensor_name")
     if hook is None:
@@ -47,7 +56,7 @@ def prune_remove(module: nn.Module, name: str, *, overwrite: bool | None = None,
 
 def remove_weight_norm(module: nn.Module, name: str = "weight", *, overwrite: bool | None = None,
                        swap: bool | None = None) -> nn.Module:
-    """``torch.nn.utils.remove_weight_norm(module, name)`` by rules 2 and 3; returns ``module``.
+    """``torch.nn.utils.remove_weight_norm(module, name)`` by rules 2 and 4; returns ``module``.
     The flags are ignored."""
     key, hook = _hook_of(module, name, WeightNorm, "name")
     if hook is None:
@@ -57,6 +66,29 @@ def remove_weight_norm(module: nn.Module, name: str = "weight", *, overwrite: bo
     _drop(module, name, key, (name + "_g", name + "_v"))
     module.register_parameter(name, nn.Parameter(value.detach()))
     return module
+
+
+def remove_spectral_norm(module: nn.Module, name: str = "weight", *,
+                         overwrite: bool | None = None, swap: bool | None = None) -> nn.Module:
+    """``torch.nn.utils.remove_spectral_norm(module, name)`` by rules 3 and 4; returns
+    ``module``. The flags are ignored."""
+    key, hook = _hook_of(module, name, SpectralNorm, "name")
+    if hook is None:
+        raise ValueError(f"spectral_norm of '{name}' not found in {module}")
+    with torch.no_grad():
+        value = hook.compute_weight(module, do_power_iteration=False)
+    for table in ("_state_dict_hooks", "_load_state_dict_pre_hooks"):
+        hooks = getattr(module, table)
+        for other in [k for k, h in hooks.items() if getattr(_unwrapped(h), "fn", None) is hook]:
+            del hooks[other]
+    _drop(module, name, key, (name + "_orig", name + "_u", name + "_v"))
+    module.register_parameter(name, nn.Parameter(value.detach()))
+    return module
+
+
+def _unwrapped(hook: object) -> object:
+    """The hook a module's table holds, out of the ``_WrappedHook`` torch may wrap it in."""
+    return getattr(hook, "hook", hook)
 
 
 def _hook_of(module: nn.Module, name: str, kind: type, attribute: str) -> tuple[int | None, object]:

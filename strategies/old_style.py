@@ -1,8 +1,8 @@
 """Old-style (forward-pre-hook) reparametrizations to put on a drawn tree's matrix and take off
 again, for the ``OLD-STYLE-`` properties: every pruning method of ``torch.nn.utils.prune`` and
-the old ``torch.nn.utils.weight_norm``.
+the old ``torch.nn.utils.weight_norm`` and ``torch.nn.utils.spectral_norm``.
 
-An :class:`OldStyle` is pure data: ``method`` (one of :data:`PRUNINGS` or ``"weight_norm"``) and
+An :class:`OldStyle` is pure data: ``method`` (one of :data:`PRUNINGS` or :data:`NORMS`) and
 its arguments, and ``then``, a second pruning of the same tensor (a ``PruningContainer``) or
 None. Rules:
 
@@ -13,9 +13,13 @@ None. Rules:
   not a multiple of ``every``.
 * ``weight_norm`` splits the tensor into ``<name>_g`` and ``<name>_v`` along ``dim`` (0, or
   ``None``: the whole tensor); it takes no second pruning.
-* The random methods read torch's global RNG: :meth:`OldStyle.apply` runs under a forked RNG
-  seeded with ``seed``, so it never reads or advances the caller's RNG, and the repro sets the
-  same seed.
+* ``spectral_norm`` divides the tensor by its largest singular value, estimated by
+  ``power_iterations`` (1, 2 or 3; torch refuses 0) power iterations per training forward from
+  random vectors ``<name>_u`` and ``<name>_v``, with the tensor as a matrix along ``dim`` (None:
+  torch's default, 0 but 1 for a transposed convolution); it takes no second pruning.
+* The random methods and ``spectral_norm``'s vectors read torch's global RNG:
+  :meth:`OldStyle.apply` runs under a forked RNG seeded with ``seed``, so it never reads or
+  advances the caller's RNG, and the repro sets the same seed.
 * A vector (``ndim`` 1) gets no structured pruning: torch refuses it.
 * Shrinks towards ``l1_unstructured`` with amount 0.5 and no second pruning.
 """
@@ -33,10 +37,12 @@ from torch.nn.utils import prune
 
 PRUNINGS = ("l1_unstructured", "random_unstructured", "global_unstructured", "ln_structured",
             "random_structured", "identity", "custom_from_mask")
-METHODS = (*PRUNINGS, "weight_norm")
+NORMS = ("weight_norm", "spectral_norm")
+METHODS = (*PRUNINGS, *NORMS)
 STRUCTURED = ("ln_structured", "random_structured")
 AMOUNTS = (0.5, 0.0, 0.25, 1.0)
-NORMS = (2, 1, math.inf)
+LN_NORMS = (2, 1, math.inf)
+POWER_ITERATIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -96,16 +102,19 @@ def kept_mask(tensor: torch.Tensor, every: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class OldStyle:
     """An old-style reparametrization of one tensor: a pruning (``first``, then ``then`` or
-    None) or ``weight_norm`` along ``norm_dim``; ``seed`` seeds the random prunings."""
+    None), or, where ``first`` is None, the norm ``norm`` along ``norm_dim`` (spectral_norm with
+    ``power_iterations``); ``seed`` seeds the random prunings and spectral_norm's vectors."""
 
-    first: Pruning | None  # None: weight_norm
+    first: Pruning | None  # None: the norm ``norm``
     then: Pruning | None = None
     norm_dim: int | None = 0
     seed: int = 0
+    norm: str = "weight_norm"
+    power_iterations: int = 1
 
     @property
     def method(self) -> str:
-        return "weight_norm" if self.first is None else self.first.method
+        return self.norm if self.first is None else self.first.method
 
     @property
     def features(self) -> frozenset[str]:
@@ -119,24 +128,35 @@ class OldStyle:
             warnings.simplefilter("ignore", FutureWarning)  # the old weight_norm is deprecated
             torch.manual_seed(self.seed)
             if self.first is None:
-                torch.nn.utils.weight_norm(owner, name, dim=self.norm_dim)
+                self._norm_call(owner, name)
                 return
             self.first.apply(owner, name)
             if self.then is not None:
                 self.then.apply(owner, name)
 
+    def _norm_call(self, owner: nn.Module, name: str) -> None:
+        if self.norm == "weight_norm":
+            torch.nn.utils.weight_norm(owner, name, dim=self.norm_dim)
+        else:
+            torch.nn.utils.spectral_norm(owner, name, n_power_iterations=self.power_iterations,
+                                         dim=self.norm_dim)
+
     def source(self, owner: str, name: str) -> list[str]:
         """Repro lines doing what :meth:`apply` does (the seed set, not forked)."""
-        if self.first is None:
+        lines = [f"torch.manual_seed({self.seed})"]
+        if self.first is None and self.norm == "weight_norm":
             return [f"torch.nn.utils.weight_norm({owner}, {name!r}, dim={self.norm_dim!r})"]
-        lines = [f"torch.manual_seed({self.seed})", self.first.source(owner, name)]
+        if self.first is None:
+            return [*lines, f"torch.nn.utils.spectral_norm({owner}, {name!r}, n_power_iterations="
+                            f"{self.power_iterations}, dim={self.norm_dim!r})"]
+        lines.append(self.first.source(owner, name))
         return lines + ([self.then.source(owner, name)] if self.then else [])
 
     @property
     def removal(self) -> str:
-        """The method that makes it permanent: ``prune_remove`` (``torch.nn.utils.prune.remove``)
-        or ``remove_weight_norm``."""
-        return "remove_weight_norm" if self.first is None else "prune_remove"
+        """The method that makes it permanent: ``prune_remove`` (``torch.nn.utils.prune.remove``),
+        ``remove_weight_norm`` or ``remove_spectral_norm``."""
+        return "prune_remove" if self.first is not None else f"remove_{self.norm}"
 
 
 @st.composite
@@ -152,7 +172,7 @@ def prunings(draw: st.DrawFn, ndim: int, method: str | None = None) -> Pruning:
     if method not in STRUCTURED:
         return Pruning(method, amount=amount)
     dim = draw(st.sampled_from(sorted({0, ndim - 1, -1})))
-    n = draw(st.sampled_from(NORMS)) if method == "ln_structured" else 2
+    n = draw(st.sampled_from(LN_NORMS)) if method == "ln_structured" else 2
     return Pruning(method, amount=amount, n=n, dim=dim)
 
 
@@ -165,6 +185,10 @@ def old_styles(draw: st.DrawFn, ndim: int = 2) -> OldStyle:
     method = draw(st.sampled_from([m for m in METHODS if ndim >= 2 or m not in STRUCTURED]))
     if method == "weight_norm":
         return OldStyle(None, norm_dim=draw(st.sampled_from((0, None))), seed=seed)
+    if method == "spectral_norm":
+        dims = (None, 0, 1) if ndim >= 2 else (None, 0)
+        return OldStyle(None, norm_dim=draw(st.sampled_from(dims)), seed=seed, norm=method,
+                        power_iterations=draw(st.sampled_from(POWER_ITERATIONS)))
     first = draw(prunings(ndim, method))
     then = draw(prunings(ndim)) if draw(st.integers(0, 2)) == 2 else None
     return OldStyle(first, then, seed=seed)

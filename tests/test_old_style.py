@@ -13,9 +13,12 @@ from hypothesis import given, settings
 from torch import nn
 from torch.nn.utils import prune
 
-from swapspec.properties.declarations.torch_old_style import pruning_lost_on_wrapper
+from swapspec.properties.declarations.torch_old_style import (
+    pruning_lost_on_wrapper,
+    spectral_norm_removed,
+)
 from swapspec.properties.models.examples import Example
-from swapspec.properties.models.old_style_state import reparametrized_value
+from swapspec.properties.models.old_style_state import kept_slots, reparametrized_value
 from swapspec.properties.models.parametrize_state import matrix_slot, owner_at
 from swapspec.strategies import build_tree
 from swapspec.strategies.conversions import CONVERSIONS
@@ -70,7 +73,7 @@ def test_every_drawn_reparametrization_of_a_vector_applies(old_style):
     module = nn.Module()
     module.v = nn.Parameter(torch.arange(1.0, 7.0))
     old_style.apply(module, "v")
-    assert set(module.state_dict()) == {"v_g", "v_v"} if old_style.first is None else {"v_orig", "v_mask"}
+    assert set(module.state_dict()) == set(kept_slots(old_style, "v"))
 
 
 def test_torchs_prune_remove_loses_the_pruning_on_a_wrapper_subclass():
@@ -99,3 +102,18 @@ def _example(old_style: OldStyle, conversion_name: str) -> Example:
 ])
 def test_the_declared_deviation_applies_where_the_pruning_is_lost(old_style, conversion, applies):
     assert pruning_lost_on_wrapper(_example(old_style, conversion)) is applies
+
+
+def test_torchs_remove_spectral_norm_leaves_its_load_pre_hook():
+    """The behaviour ``torch.remove-spectral-norm-leaves-load-pre-hook`` declares: fails once
+    torch removes the hook it registered."""
+    module = linear(4, 3)
+    torch.nn.utils.spectral_norm(module)
+    torch.nn.utils.remove_spectral_norm(module)
+    assert len(module._load_state_dict_pre_hooks) == 1
+
+
+@pytest.mark.parametrize("old_style", CASES, ids=str)
+def test_the_spectral_norm_deviation_applies_to_spectral_norm_only(old_style):
+    assert spectral_norm_removed(_example(old_style, "double()")) is (old_style.norm == "spectral_norm"
+                                                                      and old_style.first is None)

@@ -29,6 +29,12 @@ def pruning_lost_on_wrapper(example: Any) -> bool:
     return bool(((mask == 0) & (orig.detach() != 0)).any())
 
 
+def spectral_norm_removed(example: Any) -> bool:
+    """The drawn reparametrization is the old ``spectral_norm``."""
+    old_style = example.method
+    return isinstance(old_style, OldStyle) and old_style.method == "spectral_norm"
+
+
 OLD_STYLE_DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         "OLD-STYLE-REMOVE", pruning_lost_on_wrapper, "value",
@@ -41,4 +47,15 @@ OLD_STYLE_DEVIATIONS: tuple[Deviation, ...] = (
         "TwoTensor(t.detach(), t.detach().clone()) if t.is_floating_point() else t); prune.remove(m, 'weight'); "
         "(m.weight.a == 0).sum()  # 0: no entry pruned (6 before the removal)",
         torch_versions=TORCH_CHECKED, id="torch.prune.remove-loses-pruning-on-wrapper"),
+    Deviation(
+        "OLD-STYLE-REMOVE", spectral_norm_removed, "hooks",
+        "remove_spectral_norm looks for its load_state_dict pre-hook with isinstance(hook, "
+        "SpectralNormLoadStateDictPreHook), but Module._register_load_state_dict_pre_hook "
+        "stores it wrapped in a _WrappedHook, so the check never matches and the hook stays: "
+        "every later load_state_dict(module.state_dict()) of the plain module raises (torch "
+        "2.13, 2.14). Repro: m = nn.Linear(4, 3); torch.nn.utils.spectral_norm(m); "
+        "torch.nn.utils.remove_spectral_norm(m); len(m._load_state_dict_pre_hooks)  # 1; "
+        "m.load_state_dict(m.state_dict())  # RuntimeError: Missing key(s) in state_dict: "
+        "\"weight_orig\", \"weight_u\"",
+        torch_versions=TORCH_CHECKED, id="torch.remove-spectral-norm-leaves-load-pre-hook"),
 )

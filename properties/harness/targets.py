@@ -273,7 +273,8 @@ def torch_apply(
 BUILTIN_FORMS = {"setattr": setattr, "delattr": delattr,
                  "register_parametrization": torch.nn.utils.parametrize.register_parametrization,
                  "prune_remove": prune.remove,
-                 "remove_weight_norm": torch.nn.utils.remove_weight_norm}
+                 "remove_weight_norm": torch.nn.utils.remove_weight_norm,
+                 "remove_spectral_norm": torch.nn.utils.remove_spectral_norm}
 
 
 class TorchMethods:
