@@ -26,6 +26,15 @@ Rules common to every method:
    ``register_module``, ``setattr``, ``delattr``, ``register_parametrization``) are
    ``reference.registration``'s: they convert
    nothing, so they never call ``apply`` and ignore the flags.
+7. ``convert_conv2d_weight_memory_format`` and ``convert_conv3d_weight_memory_format``
+   (``torch.nn.utils``'s) give the weight of every convolution of their rank in the tree (the
+   root included; ``Conv2d``/``ConvTranspose2d``, ``Conv3d``/``ConvTranspose3d``) the layout
+   ``weight.detach().clone(memory_format=memory_format)``, written in place (``.data =``;
+   into each inner tensor of a traceable wrapper subclass too, which is what it computes with):
+   the weight keeps its object, class, ``requires_grad``, grad and values; every other tensor
+   is left as it is. They convert nothing else, so they never call ``apply`` and ignore the
+   flags. ``preserve_format`` (no layout), a format the weights' rank cannot take, or a weight
+   without strides (sparse) raises torch's ``RuntimeError`` before anything changes (rule 3).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedTensorMixin
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.reference import registration, reparametrizations
 
@@ -56,6 +66,11 @@ METHODS = (*CONVERSION_METHODS, *GRAD_METHODS)
 REGISTRATION_METHODS = registration.REGISTRATION_METHODS  # converts nothing: flags ignored
 # they convert nothing
 REPARAMETRIZATION_METHODS = ("prune_remove", "remove_weight_norm", "remove_spectral_norm")
+# ``torch.nn.utils``' layout conversions of convolution weights: the flags ignored
+MEMORY_FORMAT_METHODS = ("convert_conv2d_weight_memory_format",
+                         "convert_conv3d_weight_memory_format")
+CONVOLUTIONS_2D = (nn.Conv2d, nn.ConvTranspose2d)
+CONVOLUTIONS_3D = (nn.Conv3d, nn.ConvTranspose3d)
 
 
 def parse_to(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool, Any]:
@@ -100,6 +115,17 @@ def to_fn(device: Any, dtype: Any, non_blocking: bool, memory_format: Any
 
 def _floating(method: str) -> Callable[[Tensor], Tensor]:
     return lambda t: getattr(t, method)() if t.is_floating_point() else t
+
+
+def _write_layout(t: Tensor, laid_out: Tensor) -> None:
+    """Give ``t`` the values and layout of ``laid_out`` in place (``.data =``, so its object,
+    class, attributes, grad and ``requires_grad`` stay), and for a traceable wrapper subclass
+    each of its inner tensors those of ``laid_out``'s, which is what it computes with."""
+    t.data = laid_out
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            _write_layout(getattr(t, name), getattr(laid_out, name))
 
 
 class Methods:
@@ -212,6 +238,33 @@ class Methods:
                 p.grad.requires_grad_(False)
             p.grad.zero_()
 
+    def convert_conv2d_weight_memory_format(self, module: nn.Module, memory_format: Any, *,
+                                            overwrite: bool | None = None,
+                                            swap: bool | None = None) -> nn.Module:
+        """``torch.nn.utils.convert_conv2d_weight_memory_format(module, memory_format)`` by
+        rule 7: the weight of every ``Conv2d``/``ConvTranspose2d``."""
+        return self._convert_weights(module, memory_format, CONVOLUTIONS_2D)
+
+    def convert_conv3d_weight_memory_format(self, module: nn.Module, memory_format: Any, *,
+                                            overwrite: bool | None = None,
+                                            swap: bool | None = None) -> nn.Module:
+        """``torch.nn.utils.convert_conv3d_weight_memory_format(module, memory_format)`` by
+        rule 7: the weight of every ``Conv3d``/``ConvTranspose3d``."""
+        return self._convert_weights(module, memory_format, CONVOLUTIONS_3D)
+
+    def _convert_weights(self, module: nn.Module, memory_format: Any,
+                         kinds: tuple[builtins.type, ...]) -> nn.Module:
+        if memory_format is torch.preserve_format:
+            raise RuntimeError("Unsupported memory formatPreserve")
+        weights = {id(m.weight): m.weight for m in module.modules()
+                   if builtins.isinstance(m, kinds) and m.weight is not None}
+        laid_out = {key: w.detach().clone(memory_format=memory_format)
+                    for key, w in weights.items()}  # rule 3: every clone before any write
+        with torch.no_grad():
+            for key, w in weights.items():
+                _write_layout(w, laid_out[key])
+        return module
+
     # Registration (``reference.registration``) converts nothing: it never calls ``apply``.
     register_parameter = staticmethod(registration.register_parameter)
     register_buffer = staticmethod(registration.register_buffer)
@@ -245,6 +298,8 @@ cuda = REFERENCE_METHODS.cuda
 share_memory = REFERENCE_METHODS.share_memory
 requires_grad_ = REFERENCE_METHODS.requires_grad_
 zero_grad = REFERENCE_METHODS.zero_grad
+convert_conv2d_weight_memory_format = REFERENCE_METHODS.convert_conv2d_weight_memory_format
+convert_conv3d_weight_memory_format = REFERENCE_METHODS.convert_conv3d_weight_memory_format
 prune_remove = reparametrizations.prune_remove
 remove_weight_norm = reparametrizations.remove_weight_norm
 remove_spectral_norm = reparametrizations.remove_spectral_norm

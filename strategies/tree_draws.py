@@ -21,6 +21,7 @@ from swapspec.strategies.tree_needs import (
     first_tie,
     has_alias,
     plain_matrices,
+    with_convolution,
     with_grad,
     with_matrix_parameter,
     with_none_slot,
@@ -99,6 +100,9 @@ def tree_specs(
         root = with_updating_leaf(root, o.behaviours)
     if "parametrizable" in o.needs:
         root = with_matrix_parameter(root)
+    for rank in (2, 3):
+        if f"conv{rank}d" in o.needs:
+            root = with_convolution(root, rank)
     if "trainable" in o.needs:
         root = with_trainable(root)
     if "tensor" in o.needs and not tree_slots(root):
@@ -240,7 +244,9 @@ def module_trees(
       leaf is added where no two slots are compatible), ``'swappable'`` (``swap_tensors``
       accepts every tensor: no training with ``create_graph=True``, whose grads' graphs hold
       the parameters, no catalogue module that keeps weak references to its parameters (RNNs),
-      no ``fake`` world).
+      no ``fake`` world), ``'conv2d'``/``'conv3d'`` (a convolution over 2 or 3 spatial
+      dimensions, whose weight ``convert_conv{2,3}d_weight_memory_format`` converts: a tree
+      without one gets a ``Conv2d`` leaf, or a catalogue ``nn.Conv3d``).
       An added leaf is the root's last child; a leaf root, or a custom block root whose
       children are all taken, first goes into a ``Sequential``.
       A tree with no leaf that can take the feature (no parameter at all; for ``'grad'``, every

@@ -252,6 +252,28 @@ def with_matrix_parameter(root: LeafSpec | ContainerSpec) -> LeafSpec | Containe
     return root if done else append_leaf(root, LeafSpec(tensors=(MATRIX,)))
 
 
+# The convolutions whose weight ``convert_conv{rank}d_weight_memory_format`` converts, as real
+# leaves (``LeafSpec.kind``) and as catalogue entries.
+CONVOLUTION_LEAVES = {2: ("Conv2d",), 3: ()}
+CONVOLUTION_ENTRIES = {2: ("nn.Conv2d", "nn.ConvTranspose2d"), 3: ("nn.Conv3d", "nn.ConvTranspose3d")}
+
+
+def has_convolution(root: LeafSpec | ContainerSpec, rank: int) -> bool:
+    """Whether a leaf is a convolution over ``rank`` (2 or 3) spatial dimensions."""
+    return _has(root, lambda leaf: leaf.kind in CONVOLUTION_LEAVES[rank] or (
+        leaf.kind == "catalogue" and leaf.entry in CONVOLUTION_ENTRIES[rank]))
+
+
+def with_convolution(root: LeafSpec | ContainerSpec, rank: int) -> LeafSpec | ContainerSpec:
+    """``root`` unchanged if it has a convolution over ``rank`` spatial dimensions, else with
+    one added: a ``Conv2d`` leaf (rank 2) or a catalogue ``nn.Conv3d`` (rank 3, its first
+    variant). Call it before ties are drawn."""
+    if has_convolution(root, rank):
+        return root
+    leaf = LeafSpec(kind="Conv2d") if rank == 2 else LeafSpec(kind="catalogue", entry="nn.Conv3d")
+    return append_leaf(root, leaf)
+
+
 def _tie_pair(slots: list[Slot]) -> tuple[Slot, Slot] | None:
     """The first two slots (in build order) that ``draw_ties`` could tie: a source and a compatible one."""
     return next(((src, dst) for src in slots for dst in slots

@@ -26,7 +26,8 @@ DEFAULT_WORLDS = ("meta", "two-tensor")
 WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",),
                              "dtensor": ("orthogonal",)}
 NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
-         "parametrizable", "tensor", "trainable", "parameter", "tie", "swappable")
+         "parametrizable", "tensor", "trainable", "parameter", "tie", "swappable", "conv2d",
+         "conv3d")
 HOST_CHANCE = 25  # module_trees' default percent of leaves drawn from a target's host modules
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 

@@ -97,6 +97,7 @@ from swapspec.properties.declarations.torch_accessor import ACCESSOR_DEVIATIONS
 from swapspec.properties.declarations.torch_checkpoint import CHECKPOINT_DEVIATIONS
 from swapspec.properties.declarations.torch_contracts import CONTRACT_DEVIATIONS
 from swapspec.properties.declarations.torch_load import LOAD_DEVIATIONS
+from swapspec.properties.declarations.torch_memory_format import MEMORY_FORMAT_DEVIATIONS
 from swapspec.properties.declarations.torch_old_style import OLD_STYLE_DEVIATIONS
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
 from swapspec.properties.declarations.torch_reach import REACH_DEVIATIONS
@@ -274,7 +275,11 @@ BUILTIN_FORMS = {"setattr": setattr, "delattr": delattr,
                  "register_parametrization": torch.nn.utils.parametrize.register_parametrization,
                  "prune_remove": prune.remove,
                  "remove_weight_norm": torch.nn.utils.remove_weight_norm,
-                 "remove_spectral_norm": torch.nn.utils.remove_spectral_norm}
+                 "remove_spectral_norm": torch.nn.utils.remove_spectral_norm,
+                 "convert_conv2d_weight_memory_format":
+                     torch.nn.utils.convert_conv2d_weight_memory_format,
+                 "convert_conv3d_weight_memory_format":
+                     torch.nn.utils.convert_conv3d_weight_memory_format}
 
 
 class TorchMethods:
@@ -283,7 +288,8 @@ class TorchMethods:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name not in (*reference.methods.METHODS, *reference.methods.REGISTRATION_METHODS,
-                        *reference.methods.REPARAMETRIZATION_METHODS):
+                        *reference.methods.REPARAMETRIZATION_METHODS,
+                        *reference.methods.MEMORY_FORMAT_METHODS):
             raise AttributeError(name)
 
         def call(module: nn.Module, *args: Any, overwrite: bool, swap: bool, **kwargs: Any) -> Any:
@@ -331,7 +337,7 @@ def builtin_target(name: str) -> Target:
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
                                   + LOAD_DEVIATIONS + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + OLD_STYLE_DEVIATIONS
+                                  + OLD_STYLE_DEVIATIONS + MEMORY_FORMAT_DEVIATIONS
                                   + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
                                   + REACH_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
@@ -342,7 +348,7 @@ def builtin_target(name: str) -> Target:
                                   + STATELESS_DEVIATIONS + LOAD_DEVIATIONS
                                   + CHECKPOINT_DEVIATIONS
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
-                                  + OLD_STYLE_DEVIATIONS
+                                  + OLD_STYLE_DEVIATIONS + MEMORY_FORMAT_DEVIATIONS
                                   + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
                                   + REACH_DEVIATIONS),
                       skips=STATELESS_SKIPS,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from swapspec.properties.models.outcomes import Outcome, seeded_attempt
 from swapspec.strategies.old_style import OldStyle
 
 HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_state_dict_pre_hooks",
@@ -58,9 +57,3 @@ def hook_keys(owner: nn.Module) -> dict[str, tuple[int, ...]]:
     """The handle ids of each of the module's hook tables, by table name."""
     return {table: tuple(getattr(owner, table, {})) for table in HOOK_TABLES}
 
-
-def seeded_forward(module: nn.Module, x: Tensor | None) -> Outcome:
-    """The module's forward on ``x`` without grad, under a forked RNG seeded alike every time
-    (so dropout drops the same entries)."""
-    with torch.no_grad():
-        return seeded_attempt(lambda: module(x))

@@ -44,6 +44,13 @@ def seeded_attempt(call: Callable[[], Any]) -> Outcome:
         return attempt(call)
 
 
+def seeded_forward(module: torch.nn.Module, x: Tensor | None) -> Outcome:
+    """The module's forward on ``x`` without grad, under :func:`seeded_attempt` (so dropout
+    drops the same entries every time)."""
+    with torch.no_grad():
+        return seeded_attempt(lambda: module(x))
+
+
 TARGET_RAISED = "swapspec_target_raised"  # set on an exception a target call raised
 
 

@@ -32,9 +32,8 @@ from swapspec.properties.models.old_style_state import (
     hook_keys,
     kept_slots,
     reparametrized_value,
-    seeded_forward,
 )
-from swapspec.properties.models.outcomes import attempt
+from swapspec.properties.models.outcomes import attempt, seeded_forward
 from swapspec.properties.models.parametrize_state import matrix_slot, owner_at
 from swapspec.strategies import Conversion, flag_settings, module_trees
 from swapspec.strategies.conversions import modules_with_conversions
