@@ -23,7 +23,7 @@ Rules common to every method:
    ``reference.reparametrizations``': they convert
    nothing, so they never call ``apply`` and ignore the flags.
 6. The registration methods (``register_parameter``, ``register_buffer``, ``add_module``,
-   ``register_module``, ``setattr``, ``delattr``, ``register_parametrization``) are
+   ``register_module``, ``set_submodule``, ``setattr``, ``delattr``, ``register_parametrization``) are
    ``reference.registration``'s: they convert
    nothing, so they never call ``apply`` and ignore the flags.
 7. ``convert_conv2d_weight_memory_format`` and ``convert_conv3d_weight_memory_format``
@@ -270,6 +270,7 @@ class Methods:
     register_buffer = staticmethod(registration.register_buffer)
     add_module = staticmethod(registration.add_module)
     register_module = staticmethod(registration.register_module)
+    set_submodule = staticmethod(registration.set_submodule)
     setattr = staticmethod(registration.setattr)
     delattr = staticmethod(registration.delattr)
     register_parametrization = staticmethod(registration.register_parametrization)
@@ -307,3 +308,4 @@ register_parameter = registration.register_parameter
 register_buffer = registration.register_buffer
 add_module = registration.add_module
 register_module = registration.register_module
+set_submodule = registration.set_submodule

@@ -1,5 +1,5 @@
 """Reference module registration: ``register_parameter``, ``register_buffer``, ``add_module``,
-``register_module``, ``setattr``, ``delattr`` and ``register_parametrization`` on an
+``register_module``, ``set_submodule``, ``setattr``, ``delattr`` and ``register_parametrization`` on an
 ``nn.Module``, and the ``swap_tensors`` the swap paths use.
 
 Rules:
@@ -44,6 +44,12 @@ Rules:
    ``requires_grad`` kept; a plain tensor for a wrapper subclass) and of the parametrization
    before anything is written, so a refused registration raises torch's ``ValueError`` and
    leaves the module and the parametrization as they were.
+8. ``set_submodule(module, target, child, strict=False)`` is ``Module.set_submodule``: the
+   target is a dotted path whose parent (all but its last name) must be a submodule
+   (``get_submodule``'s ``AttributeError``); it is refused (``ValueError``) when empty or when
+   ``child`` is no ``Module``, and (``AttributeError``) when its last name is an attribute of
+   the parent that holds no module (a parameter, a buffer, a ``None`` child, a method) or, with
+   ``strict``, no attribute of the parent; then the child is set by rule 4's ``setattr``.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from swapspec.reference.apply import _held_by_own_node
 
 REGISTRATION_METHODS = ("register_parameter", "register_buffer", "add_module",
-                        "register_module", "setattr", "delattr", "register_parametrization")
+                        "register_module", "set_submodule", "setattr", "delattr",
+                        "register_parametrization")
 
 
 def _hooks(kind: str) -> dict:
@@ -196,6 +203,22 @@ def register_module(module: nn.Module, name: str, child: nn.Module | None, *,
                     overwrite: bool | None = None, swap: bool | None = None) -> None:
     """``module.register_module(name, child)``: ``add_module``."""
     add_module(module, name, child)
+
+
+def set_submodule(module: nn.Module, target: str, child: nn.Module, strict: bool = False, *,
+                  overwrite: bool | None = None, swap: bool | None = None) -> None:
+    """``module.set_submodule(target, child, strict=False)`` (rule 8)."""
+    if target == "":
+        raise ValueError("Cannot set the submodule without a target name!")
+    if not isinstance(child, nn.Module):
+        raise ValueError(f"`module` is not an nn.Module, found {type(child)}")
+    *path, name = target.split(".")
+    parent = module.get_submodule(".".join(path))
+    if strict and not hasattr(parent, name):
+        raise AttributeError(f"{parent._get_name()} has no attribute `{name}`")
+    if hasattr(parent, name) and not isinstance(getattr(parent, name), nn.Module):
+        raise AttributeError(f"`{name}` is not an nn.Module")
+    setattr(parent, name, child)
 
 
 def _remove(module: nn.Module, name: str, registries: tuple[str, ...]) -> None:

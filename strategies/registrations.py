@@ -1,7 +1,7 @@
 """Registration calls on a module tree, and bad pairs for ``swap_tensors``.
 
 A :class:`RegistrationCall` is one of ``register_parameter``, ``register_buffer``,
-``add_module``, ``register_module``, ``setattr``, ``delattr``, made on a submodule of a drawn
+``add_module``, ``register_module``, ``set_submodule``, ``setattr``, ``delattr``, made on a submodule of a drawn
 tree (``owner``, its path), written as the source of torch's arguments (evaluated with
 ``torch`` in scope, so the repro and the behaviour cannot drift apart), of one of two kinds:
 
@@ -9,8 +9,10 @@ tree (``owner``, its path), written as the source of torch's arguments (evaluate
   ``buffer``, ``module``, ``attribute`` or ``removed``) and, for a buffer, its persistence;
 * ``bad``: a form with one defect (``defect``: a name that is not a string, dotted, empty or
   another attribute's; a value of the wrong kind; a non-leaf ``Parameter``; a missing name for
-  ``delattr``; a module whose ``__init__`` never ran, ``uninitialized``), the error type torch raises (``error``) and a word its message must hold
-  (``mention``).
+  ``delattr``; a module whose ``__init__`` never ran, ``uninitialized``; for ``set_submodule``, a target
+  whose parent is missing, ``target-missing``, or that names an attribute holding no module,
+  ``target-not-module``), the error type torch raises (``error``) and a word its message must
+  hold (``mention``).
 
 Owners are the tree's modules whose registration methods are ``nn.Module``'s own (a module that
 overrides ``__setattr__``, as RNNs do, has its own rules). For ``setattr`` and ``delattr`` an
@@ -38,7 +40,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
 REGISTRATION_METHODS = ("register_parameter", "register_buffer", "add_module",
-                        "register_module", "setattr", "delattr")
+                        "register_module", "set_submodule", "setattr", "delattr")
 OWN_METHODS = ("__setattr__", "__delattr__", "__getattr__", "register_parameter",
                "register_buffer", "add_module", "register_module")
 FRESH = "fresh_slot"
@@ -196,6 +198,9 @@ def _accepted_forms(owner: nn.Module, path: str, override: str) -> list[Registra
         for name in [FRESH, *children[:1]]:
             for value in ("module", "none"):
                 add(method, name, value, "module")
+    for name, extra in ((FRESH, ""), *((child, strict) for child in children[:1]
+                                       for strict in ("", ", strict=True"))):
+        add("set_submodule", name, "module", "module", extra=extra)
     others = [FRESH, *buffers[:1], *children[:1], *([plain] if plain else [])]
     for name in [*others, *params[:1]]:
         add("setattr", name, "param", "parameter")
@@ -265,13 +270,27 @@ def bad_forms(owner: nn.Module, path: str, override: str = "") -> list[Registrat
             bad("setattr", name, value, "slot-kind", TypeError, name)
     for name in buffers[:1]:
         bad("setattr", name, "int", "slot-kind", TypeError, name)
+    _bad_set_submodule(bad, params, buffers)
     bad("delattr", FRESH, "", "name-missing", AttributeError, FRESH)
     for method, value in (("register_parameter", "param"), ("register_buffer", "tensor"),
                           ("setattr", "param"), ("setattr", "module")):
         bad(method, FRESH, value, "uninitialized", AttributeError, "__init__")
     for method in ("add_module", "register_module"):  # torch reads the missing registry
         bad(method, FRESH, "module", "uninitialized", AttributeError, "_modules")
+    bad("set_submodule", FRESH, "module", "uninitialized", AttributeError, "__init__")
     return out
+
+
+def _bad_set_submodule(bad: Any, params: list[str], buffers: list[str]) -> None:
+    """``set_submodule``'s refused forms, each made by ``bad(method, name, value, defect, error,
+    mention)``: an empty target, a value that is no module, a missing parent, a target holding
+    no module (a parameter, a buffer, a method)."""
+    bad("set_submodule", "", "module", "name-empty", ValueError, "target name")
+    for value in ("tensor", "none", "int"):
+        bad("set_submodule", FRESH, value, "value-kind", ValueError, "nn.Module")
+    bad("set_submodule", f"missing.{FRESH}", "module", "target-missing", AttributeError, "missing")
+    for name in (*params[:1], *buffers[:1], "forward"):
+        bad("set_submodule", name, "module", "target-not-module", AttributeError, name)
 
 
 @st.composite

@@ -585,3 +585,13 @@ def test_the_probe_keeps_a_parameter_a_parameter(slot):
                 for register in (torch.nn.utils.parametrize.register_parametrization,
                                  reference.registration.register_parametrization)]
     assert outcomes[1] == outcomes[0] and (outcomes[0] is None) == (slot == "parameter")
+
+
+@pytest.mark.parametrize("target", ["0.0", "0.fresh"])
+def test_set_submodule_sets_a_dotted_target_in_its_parent_as_torchs(target):
+    ours, theirs = (nn.Sequential(nn.Sequential(nn.Linear(2, 2))) for _ in range(2))
+    child = nn.Linear(2, 2)
+    reference.set_submodule(ours, target, child)
+    theirs.set_submodule(target, child)
+    assert ours.get_submodule(target) is theirs.get_submodule(target) is child
+    assert _shape(ours) == _shape(theirs)

@@ -44,9 +44,9 @@ from swapspec.strategies.registrations import (
 trees = module_trees(max_depth=1, max_leaves=2, wrapper_chance=0)
 # The methods drawn together: one test item each, so every method gets the profile's examples.
 METHOD_GROUPS = {"parameter": ("register_parameter",), "buffer": ("register_buffer",),
-                 "module": ("add_module", "register_module"), "setattr": ("setattr", "delattr")}
+                 "module": ("add_module", "register_module", "set_submodule"), "setattr": ("setattr", "delattr")}
 by_method = pytest.mark.parametrize("methods", list(METHOD_GROUPS.values()), ids=list(METHOD_GROUPS))
-by_form = pytest.mark.parametrize("methods", [REGISTRATION_METHODS[:4], ("setattr", "delattr")],
+by_form = pytest.mark.parametrize("methods", [REGISTRATION_METHODS[:5], ("setattr", "delattr")],
                                   ids=["register", "setattr"])
 NO_FLAGS = FlagSetting(overwrite=False, swap=False)  # registration converts nothing
 KINDS = ("parameter", "buffer", "module")
