@@ -23,6 +23,8 @@ the ``seq`` sample draws fewer, see :data:`SAMPLES`):
   ``load_reach``.
 * ``oldstyle``: ``strategies.old_style.old_styles(2)``: the reparametrizations OLD-STYLE-REMOVE
   puts on a matrix.
+* ``convformat``: ``strategies.memory_formats.conv_formats()``: the layout conversions
+  APPLY-CONV-MEMORY-FORMAT makes (function and format).
 * ``seq``: the steps of derandomized sequences of the sequence machine on the reference
   (``properties.rules.sequence_reach``).
 
@@ -275,6 +277,12 @@ def _oldstyle(n: int) -> list[frozenset[str]]:
     return sample(old_styles(2), n, lambda o: o.features)
 
 
+def _convformat(n: int) -> list[frozenset[str]]:
+    from swapspec.strategies.memory_formats import conv_formats
+    from swapspec.strategies.reach import sample
+    return sample(conv_formats(), n, lambda c: c.features)
+
+
 def _seq(n: int) -> list[frozenset[str]]:
     from swapspec.properties.rules.sequence_reach import sequence_reach
     return sequence_reach(n)[0]
@@ -291,6 +299,7 @@ SAMPLES: dict[str, tuple[Callable[[int], list[frozenset[str]]], int]] = {
     "call": (_call, 1),
     "load": (_load, 1),
     "oldstyle": (_oldstyle, 1),
+    "convformat": (_convformat, 1),
     "seq": (_seq, 3),
 }
 

@@ -512,6 +512,11 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         ("not-restored", "INV-KINDS"),
         SHARED_SLOT, id="torch.fc.shared-slot-not-restored"),
     Deviation(
+        "FC-FUNC-GRAD", swaps_one_slot_twice, ("restored", "grads"),
+        "Under torch.func.grad too: " + SHARED_SLOT + " The second gradient path then runs on "
+        "the given tensor left in the slot.",
+        id="torch.fc.func-grad-shared-slot-not-restored"),
+    Deviation(
         "FC-INPUT-FORMS", forms_swap_one_slot_twice, "INV-KINDS",
         "FC-INPUT-FORMS runs each form on a fresh build given fresh clones, so a given name of "
         "a shared submodule's slot leaves a clone in that slot (a plain Parameter where the "

@@ -1,0 +1,69 @@
+"""Unit tests for the helpers of ``FC-FUNC-GRAD`` (``properties/rules/
+test_functional_call_transforms.py``): which modules ``torch.func`` can transform, the gradient
+comparison, and the two gradient paths on a plain module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from swapspec.properties.harness.targets import builtin_target
+from swapspec.properties.rules.test_functional_call_transforms import (
+    backward_grads,
+    differing,
+    given_parameters,
+    summed_call,
+    tolerance,
+    transformable,
+)
+
+
+def two_layers() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3))
+
+
+@pytest.mark.parametrize("hook", ["full", "full-pre", "old", "none"])
+def test_a_module_with_a_full_backward_hook_is_not_transformable(hook):
+    module = two_layers()
+    if hook == "full":
+        module[2].register_full_backward_hook(lambda *a: None)
+    elif hook == "full-pre":
+        module.register_full_backward_pre_hook(lambda *a: None)
+    elif hook == "old":
+        module[0].register_backward_hook(lambda *a: None)
+    assert transformable(module) is (hook in ("old", "none"))
+
+
+def test_torch_func_cannot_transform_a_full_backward_hook():
+    """The limit ``transformable`` reads: fails once torch.func runs BackwardHookFunction."""
+    module = two_layers()
+    module.register_full_backward_hook(lambda *a: None)
+    params = {n: p.detach().clone() for n, p in module.named_parameters()}
+    with pytest.raises(RuntimeError, match=r"autograd\.Function"):
+        torch.func.grad(lambda ps: torch.func.functional_call(module, ps, (torch.ones(2, 3),)).sum())(params)
+
+
+@pytest.mark.parametrize("target_name", ["reference", "torch"])
+def test_both_gradient_paths_agree_on_a_plain_module(target_name):
+    module = two_layers()
+    target = builtin_target(target_name)
+    params = given_parameters(module)
+    loss = summed_call(target, module, {}, torch.linspace(-1, 1, 6).reshape(2, 3))
+    assert not differing(torch.func.grad(loss)(params), backward_grads(loss, params), 1e-5)
+
+
+def test_differing_names_a_gradient_off_by_more_than_the_tolerance_and_not_a_shared_nan():
+    want = {"a": torch.tensor([1.0, float("nan")]), "b": torch.tensor([1.0, 2.0])}
+    got = {"a": torch.tensor([1.0, float("nan")]), "b": torch.tensor([1.0, 2.1])}
+    assert differing(got, want, 1e-3) == ["b"]
+    assert differing(got, want, 1e-1) == []
+    assert differing({"a": want["a"]}, want, 1e-1) == ["b"]
+
+
+def test_the_tolerance_is_the_least_precise_dtypes():
+    module = two_layers()
+    assert tolerance(module) == 1e-4
+    module[2].half()
+    assert tolerance(module) == 1e-2
