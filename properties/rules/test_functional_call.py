@@ -524,6 +524,30 @@ def test_fc_bad_input(target, data):
     _verdict(check, example, target)
 
 
+# FC-DATA-PARALLEL: every tree in nn.DataParallel (on CPU it runs its module in place)
+data_parallel_trees = module_trees(wrappers=("data-parallel",), wrapper_chance=100)
+DATA_PARALLEL_REFUSED = ExpectedError(
+    RuntimeError, "The stateless API can't be used with nn.DataParallel module", rule="form")
+
+
+@spec_property("FC-DATA-PARALLEL")
+@given(data=st.data())
+def test_fc_refuses_data_parallel(target, data):
+    """A functional call on an ``nn.DataParallel`` raises ``RuntimeError`` (torch's message for
+    targets with ``exact_messages``), whatever the call gives, and leaves the module as it was:
+    the replicas ``DataParallel`` makes on each forward would not see the given tensors.
+
+    Origin: ``torch.nn.utils.stateless._functional_call`` (it refuses ``DataParallel``);
+    swapspec spec (bad input leaves the module as it was).
+    """
+    module, call, example, check = _draw(data, "FC-DATA-PARALLEL", target,
+                                         module_strategy=data_parallel_trees, valid=True)
+    before = module_state(module)
+    _raised_as_expected(check, _call(target, module, call), DATA_PARALLEL_REFUSED, "wrong-error")
+    check_untouched(check, before, module, "touched-on-error")
+    _verdict(check, example, target)
+
+
 @spec_property("FC-GRADIENTS")
 @given(data=st.data())
 def test_fc_gradients_flow_to_given_tensors_only(target, data):
