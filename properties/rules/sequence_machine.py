@@ -269,7 +269,7 @@ def skip_raising(step: str, prediction: Prediction) -> bool:
 STEPS = 15
 
 
-EXAMPLES_DIVISOR = 2
+EXAMPLES_DIVISOR = 3
 
 
 def global_state() -> tuple:

@@ -49,9 +49,9 @@ converted = {rank: modules_with_conversions(module_trees(**TREE_OPTIONS, needs=(
                                             ["cpu"], where=_values_defined)
              for rank in CONVOLUTIONS}
 
-# An example builds, converts and runs a tree twice: half the profile's examples keep the
+# An example builds, converts and runs a tree twice: a quarter of the profile's examples keeps the
 # property within the suite's time budget.
-EXAMPLES_DIVISOR = 2
+EXAMPLES_DIVISOR = 4
 
 
 def conv_weights(module: nn.Module, rank: int) -> dict[int, Tensor]:
