@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.declarations.torch_parametrize import TORCH_CHECKED, converts_to_wrapper
 from swapspec.properties.vocabulary import Deviation
@@ -20,14 +21,35 @@ from swapspec.strategies.memory_formats import ConvFormat
 
 def layout_lost_on_wrapper(example: Any) -> bool:
     """A layout a convolution's weight does not have yet, on weights the conversion makes a
-    traceable wrapper subclass (``TwoTensor``)."""
+    traceable wrapper subclass (``TwoTensor``) that copies itself in it."""
     call = example.method
     if not isinstance(call, ConvFormat) or not call.fits or not converts_to_wrapper(example):
         return False
     kinds = CONVOLUTIONS_2D if call.rank == 2 else CONVOLUTIONS_3D
-    return any(isinstance(m, kinds) and isinstance(m.weight, torch.Tensor)
-               and not m.weight.is_contiguous(memory_format=call.memory_format)
-               for m in example.module.modules())
+    converted = [_converted(example, m.weight) for m in example.module.modules()
+                 if isinstance(m, kinds) and isinstance(m.weight, torch.Tensor)]
+    if any(c is None or not _copies_in(c, call.memory_format) for c in converted):
+        return False  # torch raises before it writes anything
+    return any(is_traceable_wrapper_subclass(c)
+               and not c.is_contiguous(memory_format=call.memory_format) for c in converted)
+
+
+def _converted(example: Any, weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight as the example's conversion makes it (None where the conversion raises)."""
+    try:
+        return example.conversion.make_fn()(weight.detach())
+    except Exception:
+        return None
+
+
+def _copies_in(t: torch.Tensor, memory_format: torch.memory_format) -> bool:
+    """Whether ``t`` copies itself in the format (a sparse tensor, or a class that does not
+    implement the copy, cannot)."""
+    try:
+        t.detach().clone(memory_format=memory_format)
+    except Exception:  # the class's own refusal
+        return False
+    return True
 
 
 MEMORY_FORMAT_DEVIATIONS: tuple[Deviation, ...] = (

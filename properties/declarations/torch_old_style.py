@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
 from swapspec.properties.declarations.torch_parametrize import TORCH_CHECKED, converts_to_wrapper
+from swapspec.properties.models.old_style_state import kept_slots, spectral_dim, spectral_value
 from swapspec.properties.models.parametrize_state import matrix_slot, owner_at
 from swapspec.properties.vocabulary import Deviation
 from swapspec.strategies.old_style import OldStyle
@@ -17,7 +21,8 @@ from swapspec.strategies.old_style import OldStyle
 
 def pruning_lost_on_wrapper(example: Any) -> bool:
     """A pruning that zeroes at least one nonzero entry, on a tensor the conversion makes a
-    traceable wrapper subclass (``TwoTensor``)."""
+    traceable wrapper subclass (``TwoTensor``) whose class computes the pruned value (a class
+    that does not implement the product raises in the removal instead)."""
     old_style = example.method
     if not isinstance(old_style, OldStyle) or old_style.first is None:
         return False
@@ -26,13 +31,37 @@ def pruning_lost_on_wrapper(example: Any) -> bool:
     path, name = matrix_slot(example.module)
     owner = owner_at(example.module, path)
     orig, mask = getattr(owner, name + "_orig"), getattr(owner, name + "_mask")
-    return bool(((mask == 0) & (orig.detach() != 0)).any())
+    return bool(((mask == 0) & (orig.detach() != 0)).any()) and _pruned_value_computes(
+        example, orig, mask)
+
+
+def _pruned_value_computes(example: Any, orig: Any, mask: Any) -> bool:
+    """Whether ``orig``, as the example's conversion makes it, is a traceable wrapper subclass on
+    which ``mask * orig`` computes."""
+    try:
+        converted = example.conversion.make_fn()(orig.detach())
+        mask.to(dtype=converted.dtype) * converted
+    except Exception:  # the class's own refusal: the removal raises, nothing is lost
+        return False
+    return is_traceable_wrapper_subclass(converted)
 
 
 def spectral_norm_removed(example: Any) -> bool:
-    """The drawn reparametrization is the old ``spectral_norm``."""
+    """The drawn reparametrization is the old ``spectral_norm``, and its value computes on the
+    slots as the example's conversion makes them (else the removal raises, leaving no hook)."""
     old_style = example.method
-    return isinstance(old_style, OldStyle) and old_style.method == "spectral_norm"
+    if not isinstance(old_style, OldStyle) or old_style.method != "spectral_norm":
+        return False
+    path, name = matrix_slot(example.module)
+    owner = owner_at(example.module, path)
+    try:
+        fn = example.conversion.make_fn()
+        slots = [fn(getattr(owner, s).detach()) for s in kept_slots(old_style, name)]
+        with torch.no_grad():
+            spectral_value(*slots, spectral_dim(owner, old_style))
+    except Exception:  # a dtype or class the product is not implemented for
+        return False
+    return True
 
 
 OLD_STYLE_DEVIATIONS: tuple[Deviation, ...] = (

@@ -39,10 +39,14 @@ def reparametrized_value(owner: nn.Module, name: str, old_style: OldStyle) -> Te
             g, v = slots
             dim = -1 if old_style.norm_dim is None else old_style.norm_dim
             return torch._weight_norm(v, g, dim).detach().clone()
-        orig, u, v = slots
-        matrix = orig.movedim(spectral_dim(owner, old_style), 0)
-        matrix = matrix.reshape(matrix.shape[0], -1)
-        return (orig / torch.dot(u, torch.mv(matrix, v))).detach().clone()
+        return spectral_value(*slots, spectral_dim(owner, old_style)).detach().clone()
+
+
+def spectral_value(orig: Tensor, u: Tensor, v: Tensor, dim: int) -> Tensor:
+    """``orig / (u . (W v))``, ``W`` being ``orig`` as a matrix whose rows run along ``dim``."""
+    matrix = orig.movedim(dim, 0)
+    matrix = matrix.reshape(matrix.shape[0], -1)
+    return orig / torch.dot(u, torch.mv(matrix, v))
 
 
 def spectral_dim(owner: nn.Module, old_style: OldStyle) -> int:

@@ -60,6 +60,19 @@ def conv_weights(module: nn.Module, rank: int) -> dict[int, Tensor]:
             if isinstance(m, CONVOLUTIONS[rank]) and isinstance(m.weight, Tensor)}
 
 
+def takes_layout(weight: Tensor, memory_format: torch.memory_format) -> bool:
+    """Whether a copy of ``weight`` in ``memory_format`` computes: it has strides (not sparse)
+    and its class implements the copy (a host's tensor class may implement only its forward's
+    ops)."""
+    if weight.layout != torch.strided:
+        return False
+    try:
+        weight.detach().clone(memory_format=memory_format)
+    except Exception:  # the class's own refusal
+        return False
+    return True
+
+
 def layouts(weights: dict[int, Tensor]) -> dict[int, list[tuple[int, ...]]]:
     """The strides of each weight and of every plain tensor it computes with (none for a
     tensor without strides)."""
@@ -81,8 +94,9 @@ def test_conv_weight_memory_format_after_apply(target, data):
     leaves each weight of that rank the same object of the same class, ``requires_grad``, grad
     and values, laid out in the format, it and every tensor it computes with (each inner tensor
     of a wrapper subclass); every other tensor, slot and grad of the module is as it was, and
-    forward runs where it ran. A format the weights cannot take (the other rank's channels-last)
-    raises and leaves the module as it was.
+    forward runs where it ran. A format the weights cannot take (the other rank's channels-last,
+    ``preserve_format``; a sparse weight, a class that cannot copy itself) raises and leaves the
+    module as it was.
 
     Origin: ``torch.nn.utils.convert_conv2d_weight_memory_format``'s documentation; swapspec spec
     (the layout is the tensor the convolution computes with, a wrapper subclass's inner tensors
@@ -100,7 +114,8 @@ def test_conv_weight_memory_format_after_apply(target, data):
     x = input_for(module)
     output = seeded_forward(module, x)
     weights = conv_weights(module, conv_format.rank)
-    fits = conv_format.fits and all(w.layout == torch.strided for w in weights.values())
+    fits = conv_format.fits and all(takes_layout(w, conv_format.memory_format)
+                                    for w in weights.values())
     before, strides = snapshot_for_load(module), layouts(weights)
     convert = target.method(conv_format.method)
     call = attempt(lambda: convert(module, conv_format.memory_format, overwrite=False, swap=False))
