@@ -31,7 +31,7 @@ from swapspec.properties.harness.target_calls import (
     target_call_inputs,
 )
 from swapspec.properties.models.call_state import module_state
-from swapspec.properties.models.examples import Example, clone_value, same_values
+from swapspec.properties.models.examples import Example, clone_value, is_wrapper, same_values
 from swapspec.properties.models.load_examples import changes, snapshot_for_load
 from swapspec.properties.models.outcomes import attempt, same_output
 from swapspec.properties.models.parametrize_state import (
@@ -120,6 +120,11 @@ def _prepared(target: Any, data: st.DataObject, property_id: str, *, good: bool 
 
 def _repro(example: Example, target: Any, setup: list[str], extra: list[str]):
     return partial(apply_repro, example, target, setup=setup, extra=extra)
+
+
+# What unsafe=False refuses and unsafe=True takes: a dtype or shape the parametrization changes, a
+# shape its right_inverse changes (a right_inverse that changes the dtype is refused either way).
+UNSAFE_KINDS = ("forward-dtype", "forward-shape", "inverse-shape")
 
 
 @spec_property("PARAMETRIZE-REMOVE", examples_divisor=EXAMPLES_DIVISOR)
@@ -262,6 +267,78 @@ def test_assign_after_apply(target, data):
     check.verdict(_repro(example, target, setup, [
         f"setattr(module.get_submodule({path!r}), {name!r}, "
         f"getattr(module.get_submodule({path!r}), {name!r}).detach().clone())"]))
+
+
+@spec_property("PARAMETRIZE-UNSAFE", examples_divisor=EXAMPLES_DIVISOR)
+@given(data=st.data())
+def test_unsafe_registration_after_apply(target, data):
+    """With ``unsafe=True``, a first registration whose parametrization changes the dtype or the
+    shape, or whose ``right_inverse`` changes the shape (what ``unsafe=False`` refuses), through
+    the target's ``register_parametrization`` on a module the target converted, is accepted: a
+    first one leaves the original holding ``right_inverse`` of the tensor's value, in its dtype
+    and shape, and the tensor reading the parametrization of the original; one stacked on a
+    parametrized tensor leaves the originals as they were (objects and values) and the tensor
+    reading the parametrization of what it read before. A first one whose ``right_inverse``
+    returns a view, on a traceable wrapper subclass (whose original is written by
+    ``swap_tensors``, which refuses a view), raises ``RuntimeError`` and leaves the module as it
+    was.
+
+    Origin: ``register_parametrization``'s documentation (``unsafe=True`` skips the consistency
+    checks, for parametrizations that change the dtype or shape).
+    """
+    example, check, path, name, setup = _prepared(target, data, "PARAMETRIZE-UNSAFE", good=False)
+    kind = data.draw(st.sampled_from(UNSAFE_KINDS), label="unsafe parametrization")
+    owner = owner_at(example.module, path)
+    value, parametrization = clone_value(read(owner, name).detach()), make_parametrization(kind)
+    stacked = parametrize.is_parametrized(owner, name)
+    held = [(o, clone_value(o.detach())) for o in originals(owner, name)] if stacked else []
+    # A view right_inverse returns cannot be swapped into a wrapper subclass's original.
+    refused = not stacked and kind == "inverse-shape" and is_wrapper(read(owner, name))
+    before = snapshot_for_load(example.module)
+    register = target.method("register_parametrization")
+    outcome = attempt(lambda: register(owner, name, parametrization, unsafe=True,
+                                       overwrite=False, swap=False))
+    if refused:
+        check.that(isinstance(outcome.error, RuntimeError), "refused",
+                   f"a view written into a wrapper subclass's original: got {outcome.error!r}")
+        check.that(not changes(before, example.module), "changed",
+                   f"the refused registration changed the module: {changes(before, example.module)[:4]}")
+    else:
+        check.that(outcome.error is None, "accepted",
+                   f"the unsafe registration raised {outcome.error!r}")
+    if outcome.error is None and stacked:
+        check.that(all(a is o and _same(a.detach(), v) for a, (o, v) in
+                       zip(originals(owner, name), held, strict=True)), "original",
+                   "a stacked unsafe registration changed the originals")
+        _check_read(check, owner, name, parametrization(value))
+    elif outcome.error is None:
+        _check_unsafe_state(check, owner, name, parametrization.right_inverse(value),
+                            parametrization)
+    check.verdict(_repro(example, target, setup, [
+        f"target_method(module.get_submodule({path!r}), 'register_parametrization', False, False, "
+        f"{name!r}, make_parametrization({kind!r}), unsafe=True)"]))
+
+
+def _check_unsafe_state(check: Checker, owner: nn.Module, name: str, original: Tensor,
+                        parametrization: nn.Module) -> None:
+    """Clauses ``original`` and ``reads``: the original and the read, by dtype, shape and value."""
+    held = originals(owner, name)[0].detach()
+    check.that(_same(held, original), "original",
+               f"the original is {held.dtype} {tuple(held.shape)}, not right_inverse's "
+               f"{original.dtype} {tuple(original.shape)} of the tensor's value")
+    _check_read(check, owner, name, parametrization(original))
+
+
+def _check_read(check: Checker, owner: nn.Module, name: str, wanted: Tensor) -> None:
+    """Clause ``reads``: the tensor reads ``wanted``, by dtype, shape and value."""
+    got = read(owner, name).detach()
+    check.that(_same(got, wanted), "reads",
+               f"{name!r} reads {got.dtype} {tuple(got.shape)}, not the new parametrization of "
+               f"what it read ({wanted.dtype} {tuple(wanted.shape)})")
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and same_values(a, b)
 
 
 @spec_property("PARAMETRIZE-TRANSFER", examples_divisor=EXAMPLES_DIVISOR)
