@@ -5,7 +5,7 @@ target converted. One rule per test.
 Each property draws a tree with a convolution of the drawn rank (``module_trees(needs=
 ('conv2d',))`` or ``('conv3d',)``), converts it with the target, then converts its convolutions'
 weights to a memory format with the target's method (torch's function for ``torch``, the
-reference's built on the target's ``apply`` for a target without one): what users do before
+reference's for a target without one): what users do before
 running a model in channels-last after ``model.half()`` or ``model.to(device)``.
 
 Origin: the documentation of ``torch.nn.utils.convert_conv2d_weight_memory_format`` (it changes
