@@ -14,6 +14,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.declarations.torch_parametrize import TORCH_CHECKED, converts_to_wrapper
+from swapspec.properties.models.outcomes import attempt
 from swapspec.properties.vocabulary import Deviation
 from swapspec.reference.methods import CONVOLUTIONS_2D, CONVOLUTIONS_3D
 from swapspec.strategies.memory_formats import ConvFormat
@@ -36,20 +37,13 @@ def layout_lost_on_wrapper(example: Any) -> bool:
 
 def _converted(example: Any, weight: torch.Tensor) -> torch.Tensor | None:
     """The weight as the example's conversion makes it (None where the conversion raises)."""
-    try:
-        return example.conversion.make_fn()(weight.detach())
-    except Exception:
-        return None
+    return attempt(lambda: example.conversion.make_fn()(weight.detach())).result
 
 
 def _copies_in(t: torch.Tensor, memory_format: torch.memory_format) -> bool:
     """Whether ``t`` copies itself in the format (a sparse tensor, or a class that does not
     implement the copy, cannot)."""
-    try:
-        t.detach().clone(memory_format=memory_format)
-    except Exception:  # the class's own refusal
-        return False
-    return True
+    return attempt(lambda: t.detach().clone(memory_format=memory_format)).error is None
 
 
 MEMORY_FORMAT_DEVIATIONS: tuple[Deviation, ...] = (

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.declarations.torch_parametrize import TORCH_CHECKED, converts_to_wrapper
 from swapspec.properties.models.old_style_state import kept_slots, spectral_dim, spectral_value
+from swapspec.properties.models.outcomes import attempt
 from swapspec.properties.models.parametrize_state import matrix_slot, owner_at
 from swapspec.properties.vocabulary import Deviation
 from swapspec.strategies.old_style import OldStyle
@@ -38,12 +39,11 @@ def pruning_lost_on_wrapper(example: Any) -> bool:
 def _pruned_value_computes(example: Any, orig: Any, mask: Any) -> bool:
     """Whether ``orig``, as the example's conversion makes it, is a traceable wrapper subclass on
     which ``mask * orig`` computes."""
-    try:
-        converted = example.conversion.make_fn()(orig.detach())
-        mask.to(dtype=converted.dtype) * converted
-    except Exception:  # the class's own refusal: the removal raises, nothing is lost
+    converted = attempt(lambda: example.conversion.make_fn()(orig.detach())).result
+    if converted is None:
         return False
-    return is_traceable_wrapper_subclass(converted)
+    product = attempt(lambda: mask.to(dtype=converted.dtype) * converted)
+    return product.error is None and is_traceable_wrapper_subclass(converted)
 
 
 def spectral_norm_removed(example: Any) -> bool:
@@ -54,14 +54,13 @@ def spectral_norm_removed(example: Any) -> bool:
         return False
     path, name = matrix_slot(example.module)
     owner = owner_at(example.module, path)
-    try:
+    def value() -> Any:
         fn = example.conversion.make_fn()
         slots = [fn(getattr(owner, s).detach()) for s in kept_slots(old_style, name)]
         with torch.no_grad():
-            spectral_value(*slots, spectral_dim(owner, old_style))
-    except Exception:  # a dtype or class the product is not implemented for
-        return False
-    return True
+            return spectral_value(*slots, spectral_dim(owner, old_style))
+
+    return attempt(value).error is None  # a dtype or class the product is not implemented for
 
 
 OLD_STYLE_DEVIATIONS: tuple[Deviation, ...] = (

@@ -64,13 +64,8 @@ def takes_layout(weight: Tensor, memory_format: torch.memory_format) -> bool:
     """Whether a copy of ``weight`` in ``memory_format`` computes: it has strides (not sparse)
     and its class implements the copy (a host's tensor class may implement only its forward's
     ops)."""
-    if weight.layout != torch.strided:
-        return False
-    try:
-        weight.detach().clone(memory_format=memory_format)
-    except Exception:  # the class's own refusal
-        return False
-    return True
+    return weight.layout == torch.strided and attempt(
+        lambda: weight.detach().clone(memory_format=memory_format)).error is None
 
 
 def layouts(weights: dict[int, Tensor]) -> dict[int, list[tuple[int, ...]]]:
