@@ -21,14 +21,15 @@ APPLY = (
     "APPLY-ATOMIC", "APPLY-CONTRACT", "APPLY-CONV-MEMORY-FORMAT", "APPLY-FN-ONCE", "APPLY-FORWARD", "APPLY-GRADS", "APPLY-METHOD-ARGS",
     "APPLY-METHOD-GRADS", "APPLY-NO-SET-DATA-ACROSS-IMPL",
     "APPLY-NONE-SLOTS", "APPLY-PARAMETER-IDENTITY", "APPLY-PATH", "APPLY-RECURSE-FALSE",
-    "APPLY-OPTIMIZER", "APPLY-REFUSED-SWAP", "APPLY-ROUND-TRIP", "APPLY-TENSOR-HOOKS", "APPLY-TIES",
-    "APPLY-VALUES",
+    "APPLY-OPTIMIZER", "APPLY-REFUSED-SWAP", "APPLY-ROUND-TRIP", "APPLY-SKIP-INIT",
+    "APPLY-SKIP-INIT-REFUSED", "APPLY-TENSOR-HOOKS", "APPLY-TIES", "APPLY-VALUES",
 )
 FUNCTIONAL_CALL = (
     "FC-BAD-INPUT", "FC-DATA-PARALLEL", "FC-FUNC-GRAD", "FC-GRADIENTS", "FC-INPUT-FORMS", "FC-ORACLE", "FC-PARAMETRIZED",
-    "FC-RESTORE", "FC-STRICT",
+    "FC-RESTORE", "FC-STACKED-ENSEMBLE", "FC-STRICT",
     "FC-TIES", "FC-VISIBLE", "FC-WRITE-BACK",
 )
+STACKING = ("STACK-MODULE-STATE", "STACK-MODULE-STATE-REFUSED")
 TOGETHER = ("TOGETHER-APPLY-IN-FORWARD", "TOGETHER-CONVERTED-CALL")
 XLA = (
     "XLA-DTYPE-PATH", "XLA-FUNCTIONAL-CALL", "XLA-LOAD-FROM", "XLA-LOAD-INTO",
@@ -61,7 +62,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "apply": APPLY, "functional_call": FUNCTIONAL_CALL, "together": TOGETHER, "xla": XLA,
     "sequences": SEQUENCES, "load_state_dict": LOAD, "checkpoint": CHECKPOINT,
     "registration": REGISTRATION, "parametrize": PARAMETRIZE, "old_style": OLD_STYLE,
-    "accessor": ACCESSOR,
+    "accessor": ACCESSOR, "stacking": STACKING,
     "module_conversions": MODULE_CONVERSIONS,
 }
 ALL: tuple[str, ...] = tuple(pid for family in FAMILIES.values() for pid in family)
@@ -78,6 +79,7 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "old_style": ("apply",),  # the removals a target lacks are the reference's
     "accessor": ("apply",),  # torch's accessor, on modules the target's apply converted
     "module_conversions": ("module_conversions",),  # the host's own; nothing else of the target
+    "stacking": ("stack_module_state",),
 }
 NEEDS: dict[str, tuple[str, ...]] = {
     **{pid: FAMILY_NEEDS[family] for family, pids in FAMILIES.items() for pid in pids},

@@ -61,6 +61,7 @@ from swapspec.reference.methods import (
     requires_grad_,
     set_submodule,
     share_memory,
+    skip_init,
     to,
     to_empty,
     zero_grad,
@@ -77,6 +78,7 @@ from swapspec.reference.overrides import (
     unregister_apply_override,
 )
 from swapspec.reference.registration import swap_tensors
+from swapspec.reference.stacking import stack_module_state
 
 name = "reference"
 accessor = NamedMemberAccessor  # NamedMemberAccessor(module): the spec's accessor
@@ -117,6 +119,8 @@ __all__ = [
     "set_submodule",
     "set_swap_module_params_on_conversion",
     "share_memory",
+    "skip_init",
+    "stack_module_state",
     "swap_tensors",
     "to",
     "to_empty",

@@ -35,11 +35,19 @@ Rules common to every method:
    is left as it is. They convert nothing else, so they never call ``apply`` and ignore the
    flags. ``preserve_format`` (no layout), a format the weights' rank cannot take, or a weight
    without strides (sparse) raises torch's ``RuntimeError`` before anything changes (rule 3).
+8. ``skip_init(module_cls, *args, **kwargs)`` (``torch.nn.utils.skip_init``) builds
+   ``module_cls(*args, **kwargs)`` on ``meta`` and gives it ``to_empty(device=...)`` (the
+   ``device`` of ``kwargs``, ``"cpu"`` without one) with the flags: the module a plain build
+   gives, its tensors' values left uninitialized. A class that is no ``nn.Module``, or whose
+   constructor does not name ``device`` in its signature (torch's documented contract: a
+   ``device`` taken through ``**kwargs`` only is not seen), raises torch's ``RuntimeError``
+   before anything is built.
 """
 
 from __future__ import annotations
 
 import builtins
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +77,8 @@ REPARAMETRIZATION_METHODS = ("prune_remove", "remove_weight_norm", "remove_spect
 # ``torch.nn.utils``' layout conversions of convolution weights: the flags ignored
 MEMORY_FORMAT_METHODS = ("convert_conv2d_weight_memory_format",
                          "convert_conv3d_weight_memory_format")
+# ``torch.nn.utils.skip_init``: builds a module (its first argument is a class)
+CONSTRUCTION_METHODS = ("skip_init",)
 CONVOLUTIONS_2D = (nn.Conv2d, nn.ConvTranspose2d)
 CONVOLUTIONS_3D = (nn.Conv3d, nn.ConvTranspose3d)
 
@@ -265,6 +275,17 @@ class Methods:
                 _write_layout(w, laid_out[key])
         return module
 
+    def skip_init(self, module_cls: Any, *args: Any, overwrite: bool | None = None,
+                  swap: bool | None = None, **kwargs: Any) -> nn.Module:
+        """Rule 8: ``module_cls(*args, **kwargs)`` built on ``meta``, then ``to_empty``."""
+        if not issubclass(module_cls, nn.Module):
+            raise RuntimeError(f"Expected a Module; got {module_cls}")
+        if "device" not in inspect.signature(module_cls).parameters:
+            raise RuntimeError("Module must support a 'device' arg to skip initialization")
+        device = kwargs.pop("device", "cpu")
+        module = module_cls(*args, **kwargs, device="meta")
+        return self.to_empty(module, device=device, overwrite=overwrite, swap=swap)
+
     # Registration (``reference.registration``) converts nothing: it never calls ``apply``.
     register_parameter = staticmethod(registration.register_parameter)
     register_buffer = staticmethod(registration.register_buffer)
@@ -299,6 +320,7 @@ cuda = REFERENCE_METHODS.cuda
 share_memory = REFERENCE_METHODS.share_memory
 requires_grad_ = REFERENCE_METHODS.requires_grad_
 zero_grad = REFERENCE_METHODS.zero_grad
+skip_init = REFERENCE_METHODS.skip_init
 convert_conv2d_weight_memory_format = REFERENCE_METHODS.convert_conv2d_weight_memory_format
 convert_conv3d_weight_memory_format = REFERENCE_METHODS.convert_conv3d_weight_memory_format
 prune_remove = reparametrizations.prune_remove

@@ -150,7 +150,8 @@ def _inputs(entry: str, seed: int) -> tuple[Any, ...]:
                                           training=True))
 
 
-def _copied_inputs(entry: str, variant: int, seed: int) -> tuple[tuple, dict, tuple, dict]:
+def copied_inputs(entry: str, variant: int, seed: int) -> tuple[tuple, dict, tuple, dict]:
+    """Fresh copies of one variant's ``(constructor args, kwargs, forward args, kwargs)``."""
     mi = _inputs(entry, seed)[variant]
     ctor, fwd = mi.constructor_input, mi.forward_input
     return copy.deepcopy((ctor.args, ctor.kwargs, fwd.args, fwd.kwargs))
@@ -158,7 +159,7 @@ def _copied_inputs(entry: str, variant: int, seed: int) -> tuple[tuple, dict, tu
 
 def build_inner(entry: str, variant: int, seed: int) -> tuple[nn.Module, tuple, dict]:
     """``(module, forward args, forward kwargs)`` of one variant, every tensor fresh; pure in its arguments."""
-    ctor_args, ctor_kwargs, args, kwargs = _copied_inputs(entry, variant, seed)
+    ctor_args, ctor_kwargs, args, kwargs = copied_inputs(entry, variant, seed)
     with seeded(seed), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = info(entry).module_cls(*ctor_args, **ctor_kwargs)

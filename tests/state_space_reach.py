@@ -25,6 +25,10 @@ the ``seq`` sample draws fewer, see :data:`SAMPLES`):
   puts on a matrix.
 * ``convformat``: ``strategies.memory_formats.conv_formats()``: the layout conversions
   APPLY-CONV-MEMORY-FORMAT makes (function and format).
+* ``ensemble``: ``strategies.ensembles.ensembles(unlike=True)`` and ``ensembles()``, half each:
+  the ensembles STACK-MODULE-STATE-REFUSED and the alike properties draw.
+* ``construction``: ``strategies.constructions.constructions()`` and ``constructions(refused=True)``,
+  three to one: the builds APPLY-SKIP-INIT and APPLY-SKIP-INIT-REFUSED draw.
 * ``seq``: the steps of derandomized sequences of the sequence machine on the reference
   (``properties.rules.sequence_reach``).
 
@@ -283,6 +287,20 @@ def _convformat(n: int) -> list[frozenset[str]]:
     return sample(conv_formats(), n, lambda c: c.features)
 
 
+def _ensemble(n: int) -> list[frozenset[str]]:
+    from swapspec.strategies.ensembles import ensembles
+    from swapspec.strategies.reach import sample
+    return [*sample(ensembles(unlike=True), n // 2, lambda e: e.features),
+            *sample(ensembles(), n - n // 2, lambda e: e.features)]
+
+
+def _construction(n: int) -> list[frozenset[str]]:
+    from swapspec.strategies.constructions import constructions
+    from swapspec.strategies.reach import sample
+    return [*sample(constructions(), n - n // 4, lambda c: c.features),
+            *sample(constructions(refused=True), n // 4, lambda c: c.features)]
+
+
 def _seq(n: int) -> list[frozenset[str]]:
     from swapspec.properties.rules.sequence_reach import sequence_reach
     return sequence_reach(n)[0]
@@ -300,6 +318,8 @@ SAMPLES: dict[str, tuple[Callable[[int], list[frozenset[str]]], int]] = {
     "load": (_load, 1),
     "oldstyle": (_oldstyle, 1),
     "convformat": (_convformat, 1),
+    "ensemble": (_ensemble, 1),
+    "construction": (_construction, 1),
     "seq": (_seq, 3),
 }
 

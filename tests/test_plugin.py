@@ -583,7 +583,7 @@ def test_exported_property_ids_are_exactly_the_catalogue():
                   "sequences": "SEQ-", "load_state_dict": "LOAD-", "checkpoint": "CHECKPOINT-",
                   "registration": "REGISTER-",
                   "parametrize": "PARAMETRIZE-", "old_style": "OLD-STYLE-", "accessor": "ACCESSOR-",
-                  "module_conversions": "MODCONV-"}
+                  "stacking": "STACK-", "module_conversions": "MODCONV-"}
         assert all(m.startswith(prefix[family]) for m in members), family
 
 

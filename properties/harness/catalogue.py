@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 PROPERTY_MODULES = ("swapspec.properties.rules.test_apply", "swapspec.properties.rules.test_apply_training",
                     "swapspec.properties.rules.test_apply_memory_format",
+                    "swapspec.properties.rules.test_construction",
                     "swapspec.properties.rules.test_functional_call",
                     "swapspec.properties.rules.test_functional_call_transforms",
                     "swapspec.properties.rules.test_together", "swapspec.properties.rules.test_xla",

@@ -201,7 +201,7 @@ TORCH_METHOD = [
     "            return torch.nn.utils.parametrize.register_parametrization(module, *args, **kwargs)",
     "        if name == 'prune_remove':",
     "            return torch.nn.utils.prune.remove(module, *args, **kwargs)",
-    "        if name in ('remove_weight_norm', 'remove_spectral_norm',",
+    "        if name in ('remove_weight_norm', 'remove_spectral_norm', 'skip_init',",
     "                    'convert_conv2d_weight_memory_format', 'convert_conv3d_weight_memory_format'):",
     "            return getattr(torch.nn.utils, name)(module, *args, **kwargs)",
     "        return getattr(module, name)(*args, **kwargs)",
@@ -225,8 +225,9 @@ TARGET_METHOD = [
 
 
 def target_section(target: Any, *, methods: bool = False) -> list[str]:
-    """The lines that define ``target_apply`` and ``target_functional_call`` for ``target``
-    (and ``target_method``, the public methods, with ``methods``)."""
+    """The lines that define ``target_apply``, ``target_functional_call``,
+    ``target_stack_module_state`` and ``target_load_state_dict`` for ``target`` (and
+    ``target_method``, the public methods, with ``methods``)."""
     lines = [SECTION_START.format(name=target.selector)]
     if is_torch(target):
         fc = TORCH_TARGETS[target.selector]
@@ -250,6 +251,8 @@ def target_section(target: Any, *, methods: bool = False) -> list[str]:
             "        warnings.simplefilter('ignore', FutureWarning)",
             f"        return {fc}(module, tensors, args, kwargs, **keywords)",
             "",
+            "target_stack_module_state = torch.func.stack_module_state",
+            "",
             "def target_load_state_dict(module, state_dict, strict, assign, swap):",
             "    \"\"\"nn.Module.load_state_dict under torch.__future__'s swap flag.\"\"\"",
             "    saved = torch.__future__.get_swap_module_params_on_conversion()",
@@ -268,6 +271,9 @@ def target_section(target: Any, *, methods: bool = False) -> list[str]:
             *(TARGET_METHOD if methods else []),
             "def target_functional_call(module, tensors, args, kwargs, **keywords):",
             "    return target.functional_call(module, tensors, args, kwargs, **keywords)",
+            "",
+            "target_stack_module_state = getattr(target, 'stack_module_state', None) or "
+            "torch.func.stack_module_state",
             "",
             "def target_load_state_dict(module, state_dict, strict, assign, swap):",
             "    return target.load_state_dict(module, state_dict, strict=strict, assign=assign, swap=swap)",

@@ -27,14 +27,21 @@ and optionally the data the suite reads next to it:
 - ``methods``: ``nn.Module``'s public methods (``to``, ``to_empty``, ``half``, ``float``,
   ``double``, ``bfloat16``, ``type``, ``cpu``, ``share_memory``, ``requires_grad_``,
   ``zero_grad``; and the registration methods ``register_parameter``, ``register_buffer``,
-  ``add_module``, ``register_module``, ``setattr``, ``delattr``), an object with any of them as attributes, each called
-  ``method(module, *torch_args, overwrite=..., swap=..., **torch_kwargs)``. Without it (or for
+  ``add_module``, ``register_module``, ``setattr``, ``delattr``; the ``torch.nn.utils``
+  functions the reference implements, ``skip_init`` among them), an object with any of them as
+  attributes, each called ``method(module, *torch_args, overwrite=..., swap=..., **torch_kwargs)``
+  (``skip_init`` takes the module's class first). Without it (or for
   a name it lacks), a target with ``apply`` gets them built on its ``apply`` as the reference
   builds its own (``swapspec.reference.methods.Methods``); ``Target.method(name)`` gives the one
   to call;
 - ``swap_tensors``: the ``swap_tensors(t1, t2)`` its swap paths use (default
   ``torch.utils.swap_tensors``; the reference's checks its refusals first), which the
   ``REGISTER-SWAP-REFUSED`` property holds to its refusals;
+- ``stack_module_state``: the ``stack_module_state(models) -> (params, buffers)`` a user pairs
+  with a functional call under ``torch.vmap`` to run an ensemble (the built-in torch targets:
+  ``torch.func.stack_module_state``; the reference's refuses models that are not alike), which
+  the ``STACK-`` properties hold to its rules; without it they are skipped (``FC-STACKED-ENSEMBLE``
+  stacks with torch's, to judge the target's ``functional_call``);
 - ``accessor``: the class whose instance ``accessor(module)`` reads and writes a module's tensors
   and children by dotted name (default torch's ``NamedMemberAccessor``; the reference's makes
   every batched write atomic), which the ``ACCESSOR-`` properties hold to its rules;
@@ -102,6 +109,7 @@ from swapspec.properties.declarations.torch_old_style import OLD_STYLE_DEVIATION
 from swapspec.properties.declarations.torch_parametrize import PARAMETRIZE_DEVIATIONS
 from swapspec.properties.declarations.torch_reach import REACH_DEVIATIONS
 from swapspec.properties.declarations.torch_registration import REGISTRATION_DEVIATIONS
+from swapspec.properties.declarations.torch_stacking import STACKING_DEVIATIONS
 from swapspec.properties.declarations.xla import XLA_DEVIATIONS
 from swapspec.properties.vocabulary import Deviation
 
@@ -115,6 +123,7 @@ FEATURES: dict[str, str] = {
     "tuple_inputs": "functional_call taking a tuple of dicts",
     "load_state_dict": "load_state_dict(module, state_dict, *, strict, assign, swap)",
     "module_conversions": "module conversions (a strategy of ModuleConversion)",
+    "stack_module_state": "stack_module_state(models)",
 }
 # Functional-call designs of real libraries where torch's differs (``Target.designs``): what
 # each means, and how the properties draw and judge a target that follows it.
@@ -163,6 +172,7 @@ class Target:
     methods: Any = None  # nn.Module's public methods; see the module docstring
     coverage_modules: tuple[str, ...] = ()  # --swapspec-coverage's scope; () = its own module
     swap_tensors: Callable[[Any, Any], None] = torch.utils.swap_tensors
+    stack_module_state: Callable[[Any], Any] | None = None
     accessor: Callable[[nn.Module], Any] = NamedMemberAccessor
     comparisons: Any = None  # {tensor class: same(a, b)}: how values of the host's classes compare
     # The five invariants of every operation (``models.invariants``) are checked on this target;
@@ -279,7 +289,8 @@ BUILTIN_FORMS = {"setattr": setattr, "delattr": delattr,
                  "convert_conv2d_weight_memory_format":
                      torch.nn.utils.convert_conv2d_weight_memory_format,
                  "convert_conv3d_weight_memory_format":
-                     torch.nn.utils.convert_conv3d_weight_memory_format}
+                     torch.nn.utils.convert_conv3d_weight_memory_format,
+                 "skip_init": torch.nn.utils.skip_init}
 
 
 class TorchMethods:
@@ -289,7 +300,8 @@ class TorchMethods:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name not in (*reference.methods.METHODS, *reference.methods.REGISTRATION_METHODS,
                         *reference.methods.REPARAMETRIZATION_METHODS,
-                        *reference.methods.MEMORY_FORMAT_METHODS):
+                        *reference.methods.MEMORY_FORMAT_METHODS,
+                        *reference.methods.CONSTRUCTION_METHODS):
             raise AttributeError(name)
 
         def call(module: nn.Module, *args: Any, overwrite: bool, swap: bool, **kwargs: Any) -> Any:
@@ -339,9 +351,10 @@ def builtin_target(name: str) -> Target:
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
                                   + OLD_STYLE_DEVIATIONS + MEMORY_FORMAT_DEVIATIONS
                                   + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
-                                  + REACH_DEVIATIONS),
+                                  + REACH_DEVIATIONS + STACKING_DEVIATIONS),
                       load_state_dict=torch_load_state_dict, exact_messages=True,
-                      methods=TORCH_METHODS, invariants=True)
+                      methods=TORCH_METHODS, invariants=True,
+                      stack_module_state=torch.func.stack_module_state)
     if name == "torch-stateless":
         return Target("torch-stateless", torch_apply, stateless_functional_call,
                       deviations=(TORCH_DEVIATIONS + TORCH_METHOD_DEVIATIONS + XLA_DEVIATIONS
@@ -350,10 +363,11 @@ def builtin_target(name: str) -> Target:
                                   + REGISTRATION_DEVIATIONS + PARAMETRIZE_DEVIATIONS
                                   + OLD_STYLE_DEVIATIONS + MEMORY_FORMAT_DEVIATIONS
                                   + ACCESSOR_DEVIATIONS + CONTRACT_DEVIATIONS
-                                  + REACH_DEVIATIONS),
+                                  + REACH_DEVIATIONS + STACKING_DEVIATIONS),
                       skips=STATELESS_SKIPS,
                       call_forms=("dict",), load_state_dict=torch_load_state_dict,
-                      exact_messages=True, methods=TORCH_METHODS, invariants=True)
+                      exact_messages=True, methods=TORCH_METHODS, invariants=True,
+                      stack_module_state=torch.func.stack_module_state)
     raise TargetError(f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_NAMES)}"
                       " or give package.module:attribute")
 
@@ -375,7 +389,7 @@ def torch_declarations(*, ids: Iterable[str] = (), properties: Iterable[str] = (
 OPTIONAL_DATA = ("deviations", "skips", "call_forms", "lacks", "designs", "conversions", "modules",
                  "module_conversions",
                  "exact_messages", "methods", "coverage_modules", "swap_tensors", "accessor",
-                 "comparisons")
+                 "comparisons", "stack_module_state")
 
 
 def from_object(obj: Any) -> Target:
