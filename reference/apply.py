@@ -71,7 +71,11 @@ def apply(
     7. A grad follows its parameter: swapped when the parameter is swapped (unless ``fn``
        returns the grad itself), ``.data =`` when the parameter took set_data and the grad's
        result is compatible, else replaced by ``fn(grad)``. It stays a leaf and keeps its
-       own ``requires_grad`` (``_commit_grad``).
+       own ``requires_grad`` (``_commit_grad``). A grad whose dtype, device or shape differs
+       from its parameter's (``param.data = ...`` makes that state) is converted the same way;
+       where the swap or overwrite path then sets a grad the ``.grad`` setter refuses on the
+       converted parameter (torch's ``RuntimeError``), the conversion is refused and changes
+       nothing (rule 1); the set_data path never sets ``.grad`` and keeps the state.
     8. Buffers are rebound: ``module._buffers[key] = fn(buf)``. ``None`` slots stay ``None``.
     9. Overrides (``reference.overrides``): a class's own ``_apply`` may do work before and
        after the conversion of its own tensors, must delegate that conversion itself to
@@ -260,7 +264,7 @@ def _check_swappable(params, results, *, swap: bool) -> None:
             grad_reason = (_swap_refusal(grad) if grad is not None and results[id(grad)] is not grad
                            else None)
         finally:
-            param.grad = grad
+            put_grad(param, grad)
         if reason is not None:
             raise _swap_error(slots, grad) from RuntimeError(reason)
         if grad_reason is not None:
@@ -366,16 +370,14 @@ def _swap_param(slots: _Slots, param: Tensor, applied: Tensor, grad, undo) -> No
     try:
         torch.utils.swap_tensors(param, new)
     except Exception as e:
-        if grad is not None:
-            param.grad = grad
+        put_grad(param, grad)
         raise _swap_error(slots, grad) from e
     _carry_tensor_hooks(hooks, param)  # the hooks were registered on the swapped-out TensorImpl
 
     def swap_back() -> None:  # later steps are undone first, so param.grad is None again here
         torch.utils.swap_tensors(param, new)
         _carry_tensor_hooks(hooks, param)
-        if grad is not None:
-            param.grad = grad
+        put_grad(param, grad)
 
     undo.append(swap_back)
 
@@ -432,6 +434,23 @@ def _set_grad(target: Tensor, grad: Tensor, undo) -> None:
     target.grad = grad
 
     def restore() -> None:
-        target.grad = old
+        put_grad(target, old)
 
     undo.append(restore)
+
+
+def put_grad(param: Tensor, grad: Tensor | None) -> None:
+    """``param.grad = grad``, also where the grad's dtype, device or shape is not the
+    parameter's: a state ``param.data = ...`` can make and the ``.grad`` setter refuses to make
+    again, which a refused conversion must leave as it found it. The parameter shows the grad's
+    metadata for the assignment only (its ``.data`` is put back)."""
+    if grad is None or (grad.dtype, grad.device, grad.shape) == (param.dtype, param.device,
+                                                                 param.shape):
+        param.grad = grad
+        return
+    data = param.data
+    param.data = torch.empty_like(grad)
+    try:
+        param.grad = grad
+    finally:
+        param.data = data

@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec import reference
+from swapspec.reference.apply import put_grad
 from tests.helpers_modules import (
     Nested,
     Shared,
@@ -667,3 +668,44 @@ def test_parameter_also_registered_as_buffer_stays_one_object(overwrite, swap):
     assert list(calls.values()) == [1]
     assert m._parameters["w"] is m._buffers["w_buf"]
     assert m.w.dtype == torch.float64
+
+
+def _grad_of_another_dtype() -> nn.Sequential:
+    """Two linears after a backward; the second's weight made float64 by ``.data =``, its grad
+    left float32 (the state torch's ``.data`` setter allows)."""
+    m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    m(torch.ones(1, 2)).sum().backward()
+    m[1].weight.data = m[1].weight.data.double()
+    return m
+
+
+@pytest.mark.parametrize("overwrite, swap", [(False, False), (True, False), (False, True)])
+def test_a_grad_of_another_dtype_converts_where_the_results_agree(overwrite, swap):
+    m = _grad_of_another_dtype()
+    reference.apply(m, lambda t: t.half(), overwrite=overwrite, swap=swap)
+    assert m[1].weight.dtype == m[1].weight.grad.dtype == torch.float16
+
+
+@pytest.mark.parametrize("overwrite, swap", [(True, False), (False, True)])
+def test_a_grad_the_setter_refuses_is_refused_and_changes_nothing(overwrite, swap):
+    m = _grad_of_another_dtype()
+    objects = [(p, p.grad, p.dtype, p.grad.dtype) for p in m.parameters()]
+    with pytest.raises(RuntimeError, match="gradient with dtype"):
+        reference.apply(m, lambda t: t.clone(), overwrite=overwrite, swap=swap)
+    assert [(p, p.grad, p.dtype, p.grad.dtype) for p in m.parameters()] == objects
+
+
+def test_the_set_data_path_keeps_a_grad_of_another_dtype():
+    m = _grad_of_another_dtype()
+    reference.apply(m, lambda t: t.clone(), overwrite=False, swap=False)
+    assert (m[1].weight.dtype, m[1].weight.grad.dtype) == (torch.float64, torch.float32)
+
+
+def test_put_grad_sets_a_grad_the_setter_refuses_and_keeps_the_data():
+    p = nn.Parameter(torch.ones(2, dtype=torch.float64))
+    data = p.data
+    grad = torch.full((2,), 3.0)
+    put_grad(p, grad)
+    assert p.grad is grad and p.dtype == torch.float64 and p.data.data_ptr() == data.data_ptr()
+    put_grad(p, None)
+    assert p.grad is None

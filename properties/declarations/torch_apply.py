@@ -13,13 +13,18 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from swapspec.properties.models.apply_state import is_uninitialized, swap_tensors_takes
+from swapspec.properties.models.apply_state import (
+    expected_path,
+    is_uninitialized,
+    swap_tensors_takes,
+)
 from swapspec.properties.models.examples import (
     Example,
     holds_values,
     memory_of,
     same_values,
 )
+from swapspec.properties.models.outcomes import attempt
 from swapspec.strategies import tree_info
 
 
@@ -712,3 +717,20 @@ def requires_grad_on_uninitialized(example: Example) -> bool:
     call = example.method
     return (call is not None and call.method == "requires_grad_" and call.kind == "grad"
             and example.has("uninitialized-parameter"))
+
+
+def grad_dtype_refused_midway(example: Example) -> bool:
+    """A parameter whose grad has another dtype than itself, which the conversion leaves so
+    (``fn(param)`` and ``fn(grad)`` differ in dtype), on a path that sets ``.grad`` (swap or
+    overwrite): torch refuses it there after converting what came before."""
+    fn = example.conversion.make_fn()
+    flags = example.flags
+    for p in {id(p): p for p in example.module.parameters()}.values():
+        if p.grad is None or p.grad.dtype == p.dtype:
+            continue
+        with torch.no_grad():
+            done = attempt(lambda p=p: (fn(p.detach()), fn(p.grad)))
+        if done.error is None and done.result[0].dtype != done.result[1].dtype and expected_path(
+                p, done.result[0], flags.overwrite, flags.swap) != "set_data":
+            return True
+    return False

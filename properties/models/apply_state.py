@@ -25,6 +25,7 @@ from swapspec.properties.models.examples import (
     slots,
     value_copy,
 )
+from swapspec.reference.apply import put_grad
 from swapspec.strategies import tree_info
 
 
@@ -111,7 +112,7 @@ def _grad_swappable(param: nn.Parameter) -> bool:
     try:
         return grad is None or swap_tensors_takes(grad)
     finally:
-        param.grad = grad
+        put_grad(param, grad)  # a grad of another dtype too
 
 
 def swap_tensors_takes(t: Tensor) -> bool:
@@ -144,7 +145,7 @@ def _swappable(param: nn.Parameter) -> bool:
         torch.utils.swap_tensors(param, probe)
         return True
     finally:
-        param.grad = grad
+        put_grad(param, grad)
 
 
 def _grads(params: list[Tensor]) -> list[Tensor]:

@@ -46,6 +46,7 @@ from swapspec.properties.models.examples import (
     value_copy,
 )
 from swapspec.properties.vocabulary import Violation
+from swapspec.reference.apply import put_grad
 from swapspec.strategies import tree_info
 from swapspec.strategies.modules import BATCH, FEATURES
 
@@ -453,7 +454,7 @@ def _restore(saved: list) -> None:
                 with torch.inference_mode() if dst.is_inference() else torch.no_grad():
                     dst.copy_(src)
         if t.grad is not grad:
-            t.grad = grad
+            put_grad(t, grad)
 
 
 def mixes_meta_with_values(module: nn.Module) -> bool:

@@ -229,7 +229,7 @@ def _slot_lines(here: str, built: nn.Module) -> list[str]:
             continue
         lines.append(f"p = {parameter_code(value)}")
         if value.grad is not None:
-            lines.append(f"p.grad = {tensor_code(value.grad)}")
+            lines += grad_lines("p", value)
         lines.append(f"{here}.register_parameter({key!r}, p)")
     for key, value in built._buffers.items():
         persistent = "" if key not in built._non_persistent_buffers_set else ", persistent=False"
@@ -290,8 +290,20 @@ def _catalogue_lines(node: LeafSpec, path: str, built: nn.Module) -> list[str]:
         lines += ["for p in params:", "    p.requires_grad_(False)"]
     for i, p in enumerate(params):
         if p.grad is not None:
-            lines.append(f"params[{i}].grad = {tensor_code(p.grad)}")
+            lines += grad_lines(f"params[{i}]", p)
     return lines
+
+
+def grad_lines(expr: str, param: Tensor) -> list[str]:
+    """Lines that give the parameter ``expr`` the grad ``param`` has; one of another dtype,
+    device or shape (``param.data = ...`` makes that state, which the ``.grad`` setter refuses
+    to make again) is set while the parameter shows the grad's metadata."""
+    grad = param.grad
+    if (grad.dtype, grad.device, grad.shape) == (param.dtype, param.device, param.shape):
+        return [f"{expr}.grad = {tensor_code(grad)}"]
+    return [f"g = {tensor_code(grad)}  # a grad of another dtype than its parameter's",
+            f"d = {expr}.data", f"{expr}.data = torch.empty_like(g)", f"{expr}.grad = g",
+            f"{expr}.data = d"]
 
 
 def _tie_lines(spec: TreeSpec) -> list[str]:

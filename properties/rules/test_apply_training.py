@@ -20,13 +20,15 @@ from swapspec.properties.harness.repro import apply_repro
 from swapspec.properties.harness.target_calls import run_converted
 from swapspec.properties.models.apply_state import (
     WORLD_CHANCE,
+    converted_like,
     distinct,
     expected_path,
     is_uninitialized,
     snapshot_for_apply,
 )
 from swapspec.properties.models.call_state import fresh_copy_holding
-from swapspec.properties.models.examples import Example, named_tensors, same_values
+from swapspec.properties.models.examples import Example, named_tensors, same_values, value_copy
+from swapspec.properties.models.load_examples import changes, snapshot_for_load
 from swapspec.properties.models.outcomes import Outcome, attempt, same_output
 from swapspec.properties.models.standalone import tensor_code
 from swapspec.properties.rules.clauses import no_error
@@ -37,6 +39,8 @@ from swapspec.strategies import (
     module_trees,
 )
 from swapspec.strategies.conversions import CONVERSIONS, among, trainable_on_cpu
+from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
+from swapspec.strategies.decorations import OLD_STYLE
 from swapspec.strategies.method_calls import METHOD_CONVERSIONS, method_conversions
 from swapspec.strategies.trees import WRAPPERS
 
@@ -324,3 +328,88 @@ def test_apply_keeps_optimizer_parameters(target, module, conversion, flags, opt
         + "".join(f", {k}={v!r}" for k, v in keywords.items()) + ")",
         "opt.zero_grad(set_to_none=True)", *_backward_lines(inputs[0]), "opt.step()"],
         observe={"optimizer holds": "[describe(p, labels(snap)) for p in opt.param_groups[0]['params']]"})
+
+
+# ---------------------------------------------------------------- a grad of another dtype
+
+# No old-style reparametrization (torch's swap refuses the tensors its computed attribute holds:
+# APPLY-REFUSED-SWAP's business), no tie and no shared submodule (torch runs fn once per path:
+# APPLY-FN-ONCE's), which would hide this rule's outcome behind theirs.
+grad_trees = module_trees(lazy=False, world_chance=0, needs=("grad", "leaf-grads"), ties=False,
+                          sharing=False,
+                          decoration_kinds=tuple(k for k in DECORATION_KINDS if k not in OLD_STYLE))
+MISMATCH_DTYPES = (torch.float32, torch.float64)
+
+
+def mismatched_parameters(module: torch.nn.Module) -> list[str]:
+    """The first names of the parameters with a dense floating grad that ``.data =`` can give
+    another dtype (the state this property draws)."""
+    seen: set[int] = set()
+    names = []
+    for name, p in module.named_parameters():
+        if id(p) not in seen and p.grad is not None and p.grad.layout == torch.strided \
+                and p.is_floating_point() and type(p.data) is torch.Tensor:
+            seen.add(id(p))
+            names.append(name)
+    return names
+
+
+def converted_dtypes(param: torch.Tensor, fn) -> tuple[torch.dtype, torch.dtype] | None:
+    """``(fn(param).dtype, fn(param.grad).dtype)``, or None where ``fn`` raises on either."""
+    with torch.no_grad():
+        done = attempt(lambda: (fn(param.detach()).dtype, fn(param.grad).dtype))
+    return done.result
+
+
+@spec_property("APPLY-GRAD-MISMATCH")
+@given(module=grad_trees, conversion=conversions(devices=(), raising=False),
+       flags=flag_settings(), data=st.data())
+def test_apply_converts_a_grad_of_another_dtype(target, module, conversion, flags, data):
+    """A parameter whose grad has another dtype (``param.data = param.data.to(dtype)`` after a
+    backward makes that state) converts like any other: where the conversion succeeds, the
+    parameter holds ``fn(param)`` and its grad ``fn(grad)`` (their dtypes; their values where
+    the conversion keeps values); it succeeds wherever the two
+    converted dtypes agree; and where it raises (torch's ``.grad`` setter refuses a grad of
+    another dtype on the swap and overwrite paths) it raises ``RuntimeError`` and changes
+    nothing.
+
+    Origin: ``Module._apply``'s grad handling (``param.grad.data =`` on the set_data path,
+    ``.grad =`` otherwise) and the ``.grad`` setter's dtype check; swapspec spec (raising
+    changes nothing).
+    """
+    names = mismatched_parameters(module)
+    # Parameter subclasses refuse Parameter(fn(p)) where fn returns them unchanged, a refusal of
+    # its own (declared `torch.apply.swap-refuses-subclass`) that would hide this one.
+    assume(names and all(type(p) is torch.nn.Parameter for p in module.parameters()))
+    name = data.draw(st.sampled_from(names), label="parameter")
+    param = module.get_parameter(name)
+    dtype = data.draw(st.sampled_from([d for d in MISMATCH_DTYPES if d != param.dtype]),
+                      label="dtype")
+    with torch.no_grad():
+        param.data = param.data.to(dtype)
+    converted = converted_dtypes(param, conversion.make_fn())
+    assume(converted is not None)
+    example, check, _ = _setup(target, "APPLY-GRAD-MISMATCH", module, conversion, flags)
+    expected = (value_copy(param), value_copy(param.grad))
+    before = snapshot_for_load(module)
+    outcome = run_converted(target, example)
+    if outcome.error is not None:
+        check.that(isinstance(outcome.error, RuntimeError), "raised",
+                   f"the conversion raised {outcome.error!r}, expected RuntimeError")
+        check.that(converted[0] != converted[1], "raised",
+                   f"the conversion raised {outcome.error!r}, but the converted parameter and "
+                   f"grad agree in dtype ({converted[0]})")
+        changed = changes(before, module)
+        check.that(not changed, "unchanged", f"the refused conversion changed {changed[:4]}")
+    else:
+        fn = conversion.make_fn()
+        now = module.get_parameter(name)
+        with torch.no_grad():
+            want = (fn(expected[0]), fn(expected[1]))
+        values = conversion.preserves_values
+        check.that(now.grad is not None and converted_like(now.detach(), want[0], values)
+                   and converted_like(now.grad, want[1], values), "values",
+                   f"{name} holds {now.dtype} with a {getattr(now.grad, 'dtype', None)} grad; "
+                   f"expected fn(param) {want[0].dtype} with fn(grad) {want[1].dtype}")
+    _verdict(check, example, target,
+             setup=[f"p = module.get_parameter({name!r})", f"p.data = p.data.to({dtype})"])
