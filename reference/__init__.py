@@ -2,8 +2,8 @@
 and ``load_state_dict``.
 
 The module itself is a target (it has ``name``, ``apply``, ``functional_call``,
-``load_state_dict`` and ``methods``: ``nn.Module``'s public methods ``to``, ``half``,
-``to_empty``... built on ``apply``, also exported here as ``reference.to(module, ...)``;
+``load_state_dict``, ``stack_module_state`` and ``methods``: ``nn.Module``'s public methods ``to``,
+``half``, ``to_empty``... built on ``apply``, also exported here as ``reference.to(module, ...)``;
 ``float`` and ``type`` are left out of ``__all__``, so a star import keeps the builtins).
 
 Rules that hold after every operation (``apply`` and the methods built on it, ``functional_call``,
