@@ -65,6 +65,9 @@ PROPERTIES = {pid for pair in CHOSEN.values() for pid in pair if pid is not None
 LEFT_OUT = {
     "MODCONV": "the planted target has no module conversion (the family is skipped on it); the "
                "example host's quantized target runs it (tests/test_contracts.py)",
+    "STACK": "the planted target has no stack_module_state of its own (the family is skipped on "
+             "it); the ensembles FC-STACKED-ENSEMBLE runs on its functional_call are stacked by "
+             "torch's",
 }
 
 
