@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 SIZES = (2, 3)
 CONTAINERS = ("list", "tuple", "ModuleList")
@@ -91,19 +93,23 @@ def departs(module: nn.Module, unlike: str) -> bool:
         return bool(_submodules(module))
     if unlike == "requires-grad":
         return bool(_trainable(module))
-    if unlike == "dtype":
-        return any(t.is_floating_point() for t in (*module.parameters(), *module.buffers()))
+    if unlike == "dtype":  # plain floating tensors only: a host's own class may refuse `to`
+        tensors = (*module.parameters(), *module.buffers())
+        return any(t.is_floating_point() for t in tensors) and not any(
+            is_traceable_wrapper_subclass(t) for t in tensors)
     return True
 
 
 def _scaled(module: nn.Module, factor: float) -> nn.Module:
-    """``module`` with each floating or complex tensor (each once) multiplied in place."""
+    """``module`` with each floating or complex tensor (each once) multiplied in place; a tensor
+    whose class implements no in-place multiply (a host's quantized weight) keeps its values."""
     seen: set[int] = set()
     with torch.no_grad():
         for t in (*module.parameters(), *module.buffers()):
             if id(t) not in seen and (t.is_floating_point() or t.is_complex()):
                 seen.add(id(t))
-                t.mul_(factor)
+                with contextlib.suppress(NotImplementedError, RuntimeError, TypeError):
+                    t.mul_(factor)
     return module
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hypothesis import event, given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 from torch import Tensor, nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from swapspec.properties.harness.checker import Checker
 from swapspec.properties.harness.marking import spec_property
@@ -201,6 +202,9 @@ ensemble_trees = module_trees(lazy=False, wrapper_chance=0, behaviours=(), shari
 
 def _draw_ensemble(data: st.DataObject, *, unlike: bool) -> tuple[nn.Module, Ensemble, list]:
     module = data.draw(ensemble_trees, label="module")
+    # Stacking runs torch.stack on every tensor: a host's own tensor class need not implement it.
+    assume(not any(is_traceable_wrapper_subclass(t)
+                   for t in (*module.parameters(), *module.buffers())))
     drawn = ensembles(unlike=unlike).filter(lambda e: e.unlike is None or departs(module, e.unlike))
     ensemble = data.draw(drawn, label="ensemble")
     event(f"ensemble: {ensemble.unlike or 'alike'}, {ensemble.container}")
