@@ -117,6 +117,7 @@ from swapspec.strategies import (
     module_trees,
     tree_info,
 )
+from swapspec.strategies.constructions import default_dtype
 from swapspec.strategies.conversions import among, trainable_on_cpu
 from swapspec.strategies.decorations import OLD_STYLE
 from swapspec.strategies.host_leaves import HostLeaf
@@ -213,17 +214,6 @@ UNFREEZE_MOSTLY = st.sampled_from((True, True, True, False))
 # The default dtype a life runs its conversions and loads under, drawn at the build: torch's
 # own, or float64 as a program that sets it first has (no operation of the three may read it).
 DEFAULT_DTYPES = (torch.float32, torch.float64)
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """``torch.set_default_dtype(dtype)`` inside, the default dtype before it after."""
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
 
 
 # The torch mode a life runs the target's conversions and loads under, drawn at the build (none
