@@ -91,7 +91,7 @@ def decorate(root: nn.Module, decorations: tuple[DecorationSpec, ...], seed: int
         return
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the old-style ones are deprecated
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         for spec in decorations:
             _DECORATORS[spec.kind](root, spec)
 

@@ -8,7 +8,8 @@ Rules:
   complex tensors model ``k`` scales by ``1 + k / 4``: one class, one structure, other values.
 * ``container``: how the models are passed (``list``, ``tuple``, ``nn.ModuleList``).
 * ``skeleton``: the module the functional call runs, the first model itself (``first``) or a
-  ``deepcopy`` of it moved to ``meta`` (``meta``), as torch's tutorial does.
+  ``deepcopy`` of it moved to ``meta`` (``meta``), as torch's tutorial does (ties kept:
+  ``skeleton_of``).
 * ``unlike``: ``None`` for alike models, else how one model (``1``, or ``0`` for ``missing-name``)
   departs from the rest, which ``stack_module_state`` must refuse (``UNLIKE``). ``pick`` chooses
   the submodule or parameter the departure touches (modulo the candidates).
@@ -26,6 +27,8 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from swapspec.strategies.tree_worlds import move_to_world
 
 SIZES = (2, 3)
 CONTAINERS = ("list", "tuple", "ModuleList")
@@ -80,10 +83,15 @@ def ensemble_models(module: nn.Module, ensemble: Ensemble) -> Sequence[nn.Module
 
 
 def skeleton_of(models: Sequence[nn.Module], ensemble: Ensemble) -> nn.Module:
-    """The module the ensemble's functional call runs."""
+    """The module the ensemble's functional call runs: the first model, or a deep copy of it
+    with every tensor on ``meta``, one object per tie (``strategies.tree_worlds.move_to_world``;
+    torch's tutorial's ``.to('meta')`` takes the overwrite path, which gives each tied slot a
+    parameter of its own, so the functional call would fill only the first of them)."""
     if ensemble.skeleton == "first":
         return models[0]
-    return copy.deepcopy(models[0]).to("meta")
+    skeleton = copy.deepcopy(models[0])
+    move_to_world(skeleton, "meta")
+    return skeleton
 
 
 def departs(module: nn.Module, unlike: str) -> bool:

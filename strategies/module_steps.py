@@ -43,7 +43,7 @@ def reset_parameters(module: nn.Module) -> None:
     reset = getattr(module, "reset_parameters", None)
     if callable(reset):
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(INIT_SEED)
+            torch.default_generator.manual_seed(INIT_SEED)
             reset()
 
 

@@ -43,6 +43,7 @@ from swapspec.strategies.tree_parts import (
     draw_decorations,
     draw_node,
     draw_shares,
+    draw_storage,
     draw_ties,
     draw_trained,
     draw_training,
@@ -88,6 +89,7 @@ def tree_specs(
     world_chance: int = 0,
     needs: Sequence[str] = (),
     host_chance: int = HOST_CHANCE,
+    storage_chance: int = 8,
 ) -> TreeSpec:
     """Draw a pure-data :class:`TreeSpec`; options as for :func:`module_trees`."""
     o = tree_options(max_depth, max_leaves, sharing, ties, real_layers, lazy, grads, dtypes,
@@ -147,9 +149,11 @@ def tree_specs(
         raise ValueError(f"wrappers must come from {WRAPPERS}; unknown: {unknown}")
     allowed = [w for w in usable_wrappers() if w in wrappers]
     wrapper = draw(st.sampled_from(allowed)) if allowed and coin(draw, wrapper_chance) else ""
+    storage = "" if world else draw_storage(draw, storage_chance)
     seed = draw(st.integers(0, 2**32 - 1))
     return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training,
-                    decorations=decorations, trained=trained, wrapper=wrapper, world=world)
+                    decorations=decorations, trained=trained, wrapper=wrapper, world=world,
+                    storage=storage)
 
 
 def module_trees(
@@ -176,6 +180,7 @@ def module_trees(
     world_chance: int = 0,
     needs: Sequence[str] = (),
     host_chance: int = HOST_CHANCE,
+    storage_chance: int = 8,
 ) -> st.SearchStrategy[nn.Module]:
     """Draw a module tree (built by :func:`~strategies.trees.build_tree` from a drawn :class:`TreeSpec`).
 
@@ -253,6 +258,13 @@ def module_trees(
       parameter tied or decorated) is drawn as it is; so is, for ``'alias'`` and ``'tie'``, a tree whose training forward
       (``trained``) rebinds a tied buffer, which splits the tie.
 
+    * ``storage_chance``: percent of the plain-world trees (default 8) whose tensors share
+      storage (:func:`~strategies.tree_storage.share_storage`): ``'flat-parameters'``, every
+      plain parameter of a dtype a slice of one flat vector (``vector_to_parameters``), or
+      ``'view-buffers'``, every plain buffer a view of a longer tensor of its own. The slices
+      are disjoint: each slot keeps values of its own. 0 turns it off. Shrinks towards own
+      storage.
+
     * ``host_chance``: percent of leaves (default 25) drawn from the running target's host
       modules (:mod:`~strategies.host_material`; a target's ``modules``), where it has some: a
       :class:`~strategies.host_leaves.HostLeaf` around the host's module, anywhere in the tree,
@@ -278,7 +290,7 @@ def module_trees(
         catalogue=catalogue, catalogue_chance=catalogue_chance,
         wrappers=tuple(wrappers), wrapper_chance=wrapper_chance, tie_chance=tie_chance,
         worlds=tuple(worlds), world_chance=world_chance,
-        needs=tuple(needs), host_chance=host_chance,
+        needs=tuple(needs), host_chance=host_chance, storage_chance=storage_chance,
     )
     return strategy.map(_build_and_report)
 

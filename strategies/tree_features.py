@@ -32,6 +32,8 @@ def spec_features(spec: TreeSpec) -> frozenset[str]:
         tags.add(f"wrapper: {spec.wrapper}")
     if spec.world:
         tags.add(f"world: {spec.world}")
+    if spec.storage:
+        tags.add(f"storage: {spec.storage}")
     if spec.trained:
         tags.add(f"trained: {spec.trained}")
         if any(isinstance(n, LeafSpec) and n.kind == "SparseEmbedding" and not n.frozen

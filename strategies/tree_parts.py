@@ -33,6 +33,7 @@ from swapspec.strategies.tree_spec import (
     tree_slots,
     walk,
 )
+from swapspec.strategies.tree_storage import STORAGES
 
 # ---------------------------------------------------------------- nodes
 
@@ -315,3 +316,11 @@ def draw_world(draw: Draw, needs: Sequence[str], worlds: Sequence[str], chance: 
         return ""
     return draw(st.sampled_from(allowed))
 
+
+
+def draw_storage(draw: Draw, chance: int) -> str:
+    """``''`` or one of ``STORAGES`` (:mod:`~strategies.tree_storage`), the latter in ``chance``
+    percent of the draws; shrinks to ``''``."""
+    if chance == 0 or not coin(draw, chance):
+        return ""
+    return draw(st.sampled_from(STORAGES))

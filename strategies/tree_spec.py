@@ -135,8 +135,9 @@ class ShareSpec(_Spec):
 
 @dataclass(frozen=True, repr=False)
 class TreeSpec(_Spec):
-    """A whole tree: the nominal tree, then ties, then shares, then decorations (applied in that
-    order, see :mod:`~strategies.decorations`), then ``train(training)``."""
+    """A whole tree: the nominal tree, then ties, then shares, then its world, then its storage
+    layout, then decorations (applied in that order, see :mod:`~strategies.decorations`), then
+    ``train(training)``."""
 
     seed: int = 0
     root: LeafSpec | ContainerSpec = LeafSpec()
@@ -147,6 +148,7 @@ class TreeSpec(_Spec):
     trained: str = ""  # "", or one of TRAININGS: one forward and backward() at the end of the build
     wrapper: str = ""  # "", or one of WRAPPERS: the built tree is returned inside it
     world: str = ""  # "", or one of WORLDS: the tensors the tree holds (see move_to_world)
+    storage: str = ""  # "", or one of STORAGES: slots laid out in shared storage (see share_storage)
 
 
 SPEC_CLASSES = ("TreeSpec", "LeafSpec", "ContainerSpec", "TensorSpec", "TieSpec", "ShareSpec",

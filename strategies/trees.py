@@ -47,6 +47,7 @@ from swapspec.strategies.tree_spec import (
     usable_wrappers,
     walk,
 )
+from swapspec.strategies.tree_storage import share_storage
 from swapspec.strategies.tree_worlds import move_to_world, uninitialized_on_meta
 
 __all__ = [
@@ -237,7 +238,7 @@ def build_tree(spec: TreeSpec) -> nn.Module:
     Order (the result is the root, or the wrapper around it): nominal tree (values from ``torch.Generator().manual_seed(spec.seed)`` in build order), then each
     tie puts the source slot's object into the other slots (the slots' own registration, e.g. persistence, is
     kept), then each share adds an existing module under a second parent, then the tensors move to
-    ``spec.world``, then the decorations, then ``train(spec.training)``.
+    ``spec.world``, then they are laid out as ``spec.storage`` says, then the decorations, then ``train(spec.training)``.
     """
     gen = torch.Generator().manual_seed(spec.seed)
     by_path: dict[str, nn.Module] = {}
@@ -250,6 +251,7 @@ def build_tree(spec: TreeSpec) -> nn.Module:
     for share in spec.shares:
         by_path[share.parent].add_module(share.name, by_path[share.source])
     move_to_world(root, spec.world)
+    share_storage(root, spec.storage)
     decorate(root, spec.decorations, spec.seed)
     root.train(spec.training)
     if spec.trained:

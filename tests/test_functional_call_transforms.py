@@ -4,12 +4,17 @@ comparison, and the two gradient paths on a plain module."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 from swapspec.properties.harness.targets import builtin_target
+from swapspec.properties.models.examples import Example
+from swapspec.properties.models.invariants import input_for
 from swapspec.properties.rules.test_functional_call_transforms import (
+    _stack_repro,
     backward_grads,
     differing,
     given_parameters,
@@ -17,6 +22,10 @@ from swapspec.properties.rules.test_functional_call_transforms import (
     tolerance,
     transformable,
 )
+from swapspec.strategies import CallInput
+from swapspec.strategies.ensembles import Ensemble, ensemble_models, skeleton_of
+from swapspec.strategies.trees import LeafSpec, TieSpec, TreeSpec, build_tree
+from tests.repro_scripts import run_script
 
 
 def two_layers() -> nn.Module:
@@ -67,3 +76,31 @@ def test_the_tolerance_is_the_least_precise_dtypes():
     assert tolerance(module) == 1e-4
     module[2].half()
     assert tolerance(module) == 1e-2
+
+
+TIED_ENCODER = TreeSpec(
+    seed=0, root=LeafSpec(kind="catalogue", entry="nn.TransformerEncoder", variant=0),
+    ties=(TieSpec(slots=(("inner.layers.0.self_attn", "in_proj_weight"),
+                         ("inner.layers.1.self_attn", "in_proj_weight"))),))
+META_ENSEMBLE = Ensemble(size=2, container="list", skeleton="meta", unlike=None, pick=0)
+
+
+def test_the_meta_skeleton_keeps_ties_that_torchs_to_meta_splits():
+    """``skeleton_of``'s ``meta`` copy keeps one object per tie; the tutorial's
+    ``deepcopy(model).to('meta')`` gives each tied slot a parameter of its own."""
+    models = ensemble_models(build_tree(TIED_ENCODER), META_ENSEMBLE)
+    layers = skeleton_of(models, META_ENSEMBLE).inner.layers
+    assert layers[0].self_attn.in_proj_weight is layers[1].self_attn.in_proj_weight
+    assert layers[0].self_attn.in_proj_weight.is_meta
+    split = copy.deepcopy(models[0]).to("meta").inner.layers
+    assert split[0].self_attn.in_proj_weight is not split[1].self_attn.in_proj_weight
+
+
+def test_the_vmapped_repro_of_a_tied_meta_skeleton_passes_on_torch(tmp_path):
+    module = build_tree(TIED_ENCODER)
+    models = ensemble_models(module, META_ENSEMBLE)
+    example = Example(module, call=CallInput({}, (input_for(module),), {}), method=META_ENSEMBLE)
+    script = _stack_repro(example, builtin_target("torch"), META_ENSEMBLE, vmapped=True)
+    assert "skeleton = root" in script and models
+    done = run_script(script, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

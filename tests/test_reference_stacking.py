@@ -29,6 +29,15 @@ def test_stacks_parameters_and_buffers_by_name_in_model_order():
     assert not buffers["1.running_mean"].requires_grad
 
 
+def test_one_model_stacks_into_a_leading_dimension_of_one():
+    model = nn.Linear(2, 3)
+    model.bias.requires_grad_(False)
+    params, _ = reference.stack_module_state([model])
+    assert params["weight"].shape == (1, 3, 2) and params["weight"].requires_grad
+    assert not params["bias"].requires_grad
+    assert torch.equal(params["weight"][0].detach(), model.weight.detach())
+
+
 def test_stacked_tensors_share_no_memory_with_the_models():
     models = pair()
     params, buffers = reference.stack_module_state(models)
@@ -48,17 +57,54 @@ def test_tied_weights_stack_under_their_first_name():
     assert list(params) == ["0.weight", "0.bias", "1.bias"]
 
 
+def _shared_linear():
+    linear = nn.Linear(2, 2)
+    return nn.Sequential(linear, linear)
+
+
+PREFIX = "stack_module_state: Expected "
+
+
 @pytest.mark.parametrize("depart, message", [
-    (lambda ms: ms.clear(), "at least one model"),
-    (lambda ms: ms.__setitem__(1, nn.ModuleList(ms[1])), "same class."),
-    (lambda ms: ms[1].__setitem__(1, nn.LayerNorm(3)), "LayerNorm at '1'"),
-    (lambda ms: ms[1].eval(), "training/eval mode"),
-    (lambda ms: ms[1][1].eval(), "at '1'"),
-    (lambda ms: ms[1][0].weight.requires_grad_(False), ".requires_grad"),
-    (lambda ms: ms[1].register_buffer("extra", torch.zeros(1)), "['extra']"),
-    (lambda ms: ms[0].register_buffer("extra", torch.zeros(1)), "['extra']"),
-    (lambda ms: ms[1].double(), ".dtype"),
-    (lambda ms: ms.__setitem__(1, nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4))), ".shape"),
+    (lambda ms: ms.clear(), "at least one model, got 0."),
+    (lambda ms: ms.__setitem__(1, nn.ModuleList(ms[1])), "all models to be of the same class."),
+    (lambda ms: ms[1].__setitem__(1, nn.LayerNorm(3)),
+     "all models to be of the same class: model 1 has LayerNorm at '1', model 0 has BatchNorm1d."),
+    (lambda ms: ms[1].eval(), "all models to have the same training/eval mode."),
+    (lambda ms: ms[1][1].eval(),
+     "all models to have the same training/eval mode: model 1 differs from model 0 at '1'."),
+    (lambda ms: ms[1].add_module("2", nn.Identity()),
+     "all models to have the same submodules: model 1 and model 0 differ in ['2']."),
+    (lambda ms: ms[1][0].weight.requires_grad_(False),
+     "parameter '0.weight' of each model to have the same .requires_grad: model 1 has False, "
+     "model 0 has True."),
+    (lambda ms: ms[1][0].register_parameter("extra", nn.Parameter(torch.zeros(1))),
+     "all models to have the same parameter names: model 1 and model 0 differ in ['0.extra']."),
+    (lambda ms: ms[1].register_buffer("extra", torch.zeros(1)),
+     "all models to have the same buffer names: model 1 and model 0 differ in ['extra']."),
+    (lambda ms: ms[0].register_buffer("extra", torch.zeros(1)),
+     "all models to have the same buffer names: model 1 and model 0 differ in ['extra']."),
+    (lambda ms: (ms.append(pair()[0]), ms[2].register_buffer("extra", torch.zeros(1))),
+     "all models to have the same buffer names: model 2 and model 0 differ in ['extra']."),
+    (lambda ms: (ms.append(pair()[0]), ms[2].add_module("2", nn.Identity())),
+     "all models to have the same submodules: model 2 and model 0 differ in ['2']."),
+    (lambda ms: ms[1].double(),
+     "parameter '0.weight' of each model to have the same .dtype: model 1 has "
+     "torch.float64, model 0 has torch.float32."),
+    (lambda ms: ms[1][1].register_buffer("running_mean", torch.zeros(3, dtype=torch.float64)),
+     "buffer '1.running_mean' of each model to have the same .dtype: model 1 has "
+     "torch.float64, model 0 has torch.float32."),
+    (lambda ms: ms.__setitem__(1, nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4))),
+     "parameter '0.weight' of each model to have the same .shape: model 1 has "
+     "torch.Size([4, 2]), model 0 has torch.Size([3, 2])."),
+    (lambda ms: ms.__setitem__(0, _shared_linear()) or ms.__setitem__(1, nn.Sequential(
+        nn.Linear(2, 2), nn.Linear(2, 2))),
+     "all models to have the same parameter names: model 1 and model 0 differ in "
+     "['1.bias', '1.weight']."),
+    (lambda ms: ms.__setitem__(0, nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+     or ms.__setitem__(1, _shared_linear()),
+     "all models to have the same parameter names: model 1 and model 0 differ in "
+     "['1.bias', '1.weight']."),
 ])
 def test_models_that_are_not_alike_are_refused_naming_the_difference(depart, message):
     models = pair()
@@ -66,7 +112,7 @@ def test_models_that_are_not_alike_are_refused_naming_the_difference(depart, mes
     before = [{n: t.clone() for n, t in m.state_dict().items()} for m in models]
     with pytest.raises(RuntimeError, match="stack_module_state") as raised:
         reference.stack_module_state(models)
-    assert message in str(raised.value)
+    assert str(raised.value).endswith(message) and str(raised.value).startswith(PREFIX)
     for m, saved in zip(models, before, strict=True):
         assert all(torch.equal(saved[n], t) for n, t in m.state_dict().items())
 

@@ -187,6 +187,16 @@ def _built_from_source(module: torch.nn.Module) -> torch.nn.Module:
     return namespace["module"]
 
 
+def _storage_layout(module: torch.nn.Module) -> tuple[set[frozenset[str]], set[str]]:
+    """Which names share one storage, and which names are views."""
+    by_storage: dict[int, set[str]] = {}
+    for name, t in named_tensors(module).items():
+        if type(t) in (torch.Tensor, torch.nn.Parameter) and not t.is_meta and t.layout == torch.strided:
+            by_storage.setdefault(t.untyped_storage().data_ptr(), set()).add(name)
+    views = {n for n, t in named_tensors(module).items() if isinstance(t, torch.Tensor) and t._is_view()}
+    return {frozenset(names) for names in by_storage.values()}, views
+
+
 def _same_tree(got: torch.nn.Module, want: torch.nn.Module) -> None:
     a, b = named_tensors(got), named_tensors(want)
     assert list(a) == list(b)
@@ -199,6 +209,7 @@ def _same_tree(got: torch.nn.Module, want: torch.nn.Module) -> None:
         if grads[1] is not None:
             assert same_values(grads[0].detach(), grads[1].detach()), name
     assert alias_groups(got) == alias_groups(want)
+    assert _storage_layout(got) == _storage_layout(want)
     assert [(p, type(m).__name__) for p, m in got.named_modules(remove_duplicate=False)] == [
         (p, type(m).__name__) for p, m in want.named_modules(remove_duplicate=False)]
     outputs = []

@@ -418,7 +418,7 @@ def _run(module: nn.Module, x: Tensor, autograd: bool = True) -> tuple[BaseExcep
     try:
         with torch.random.fork_rng(devices=[]), (
                 torch.enable_grad() if autograd else torch.inference_mode()):
-            torch.manual_seed(0)
+            torch.default_generator.manual_seed(0)  # the CPU RNG only, as forked
             result = module(x)
             if isinstance(result, Tensor) and result.requires_grad and holds_values(result):
                 result.float().sum().backward()
@@ -431,13 +431,41 @@ def _run(module: nn.Module, x: Tensor, autograd: bool = True) -> tuple[BaseExcep
 
 def _fresh(module: nn.Module) -> nn.Module:
     """A module built fresh in ``module``'s state: a deep copy, given copies of the grads
-    (``Parameter.__deepcopy__`` leaves them out)."""
+    (``Parameter.__deepcopy__`` leaves them out) and ``module``'s memory layout."""
     fresh = copy.deepcopy(module)
     theirs = dict(fresh.named_parameters(remove_duplicate=False))
     for name, p in module.named_parameters(remove_duplicate=False):
         if p.grad is not None and theirs[name].grad is None:
             theirs[name].grad = p.grad.detach().clone()
+    _copy_layout(module, fresh)
     return fresh
+
+
+def _copy_layout(module: nn.Module, fresh: nn.Module) -> None:
+    """Give ``fresh``'s plain tensors ``module``'s layout: one new storage per storage of
+    ``module``, each tensor at its offset and strides there. Slices of one flat vector sit at
+    offsets a kernel may not find aligned, and a kernel's rounding can depend on alignment;
+    ``Parameter.__deepcopy__`` clones each parameter into a storage of its own."""
+    theirs = named_tensors(fresh)
+    storages: dict[int, Any] = {}
+    done: set[int] = set()
+    for name, t in named_tensors(module).items():
+        f = theirs.get(name)
+        if not (_plain_strided(t) and _plain_strided(f)) or id(f) in done:
+            continue
+        done.add(id(f))
+        source = t.untyped_storage()
+        if source.data_ptr() not in storages:
+            storages[source.data_ptr()] = source.clone()
+        with torch.no_grad():
+            f.data = torch.empty(0, dtype=t.dtype).set_(
+                storages[source.data_ptr()], t.storage_offset(), t.shape, t.stride())
+
+
+def _plain_strided(t: Any) -> bool:
+    return (type(t) in (Tensor, nn.Parameter) and t.layout == torch.strided
+            and t.device.type == "cpu" and holds_values(t) and not t.is_inference()
+            and not t.is_conj() and not t.is_neg())
 
 
 def _clone(t: Tensor | None) -> Tensor | None:

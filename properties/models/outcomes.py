@@ -40,7 +40,7 @@ def seeded_attempt(call: Callable[[], Any]) -> Outcome:
     masks), warnings silenced; the caller's RNG is left as it was."""
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.manual_seed(0)
+        torch.default_generator.manual_seed(0)  # the CPU RNG only: fork_rng(devices=[]) forks no other
         return attempt(call)
 
 

@@ -50,7 +50,8 @@ IMPORTS = [
     "from torch.nn.utils import parametrize",
 ]
 
-SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices", "host_leaves")
+SOURCES = ("modules", "decorations", "torch_modules", "conversions", "devices", "host_leaves",
+           "tree_storage")
 
 CATALOGUE_LEAF = '''
 def catalogue_leaf(entry, variant, seed):
@@ -184,7 +185,7 @@ def build_source(module: nn.Module) -> list[str]:
     spec = trees.tree_info(module).spec
     # the nominal tree alone: its slots hold their own tensors (ties and shares come after)
     plain = trees.build_tree(dataclasses.replace(spec, decorations=(), trained="", wrapper="", world="",
-                                                 ties=(), shares=()))
+                                                 storage="", ties=(), shares=()))
     body = ["m = {}  # the tree's modules by path ('' is the root)"]
     for path, _, node in trees.walk(spec.root):
         body += _node_lines(node, path, plain.get_submodule(path) if path else plain)
@@ -193,7 +194,9 @@ def build_source(module: nn.Module) -> list[str]:
             body.append(f"m[{parent!r}].add_module({name!r}, m[{path!r}])")
     body += _tie_lines(spec) + _share_lines(spec)
     body.append("root = m['']")
-    body += _world_lines(spec.world)
+    body += world_lines(spec.world)
+    if spec.storage:
+        body.append(f"share_storage(root, {spec.storage!r})  # slots laid out in shared storage")
     body += _decoration_lines(spec)
     if not spec.training:
         body.append("root.train(False)")
@@ -346,7 +349,7 @@ _WORLD_CONVERTERS = {
 }
 
 
-def _world_lines(world: str) -> list[str]:
+def world_lines(world: str) -> list[str]:
     """Plain-torch lines that do what ``strategies.tree_worlds.move_to_world`` does."""
     if not world:
         return []

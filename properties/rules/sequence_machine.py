@@ -75,6 +75,7 @@ from torch import Tensor, nn
 from swapspec import reference
 from swapspec.properties.harness import pairs
 from swapspec.properties.harness import sequence_repro as repro
+from swapspec.properties.harness.heap import freeze_heap, unfreeze_heap
 from swapspec.properties.harness.isolation import global_module_hooks, restore_global_module_hooks
 from swapspec.properties.harness.sequence_replay import REPLAY
 from swapspec.properties.harness.step_checker import StepCheck
@@ -355,10 +356,8 @@ class SequenceMachine(RuleBasedStateMachine):
         # so the collections before its steps scan only what the sequence made. The module is
         # drawn after, so a cycle that later holds one of its tensors is collected.
         gc.collect()
-        self.froze = gc.get_freeze_count() == 0
+        self.froze = freeze_heap()
         self.trail: list[tuple[str, bool]] = []  # (rule, raised) of each step after the build
-        if self.froze:
-            gc.freeze()
         self.vmappable = False
         self.old_style = False  # the tree holds an old-style reparametrization (OLD_STYLE)
         self.default_dtype = torch.float32
@@ -376,7 +375,7 @@ class SequenceMachine(RuleBasedStateMachine):
                         or getattr(self.target, "load_state_dict", None) is not None]
             pairs.record(self.target.name, universe, self.trail)
         if self.froze:
-            gc.unfreeze()
+            unfreeze_heap()
             self.froze = False
 
     # ---- build -----------------------------------------------------------------------

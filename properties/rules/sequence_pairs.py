@@ -38,6 +38,7 @@ import pytest
 from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 
+from swapspec.properties.harness.heap import freeze_heap, heap_frozen, unfreeze_heap
 from swapspec.properties.harness.marking import per_target_cases
 from swapspec.properties.rules.sequence_machine import (
     DEFAULT_DTYPES,
@@ -144,7 +145,7 @@ def run_rule(machine: SequenceMachine, rule: str, data: st.DataObject) -> None:
 # A case freezes the heap it starts on (``gc.freeze``), so the collections its steps make scan
 # only what it made; garbage of earlier cases is frozen with it, and every this many cases a full
 # collection (about a tenth of a second with torch loaded) frees it.
-CASES_PER_FULL_COLLECTION = 16
+CASES_PER_FULL_COLLECTION = 64
 _cases = itertools.count()
 
 
@@ -152,16 +153,16 @@ _cases = itertools.count()
 def heap_of_one_case() -> Iterator[None]:
     """Freeze the objects alive now until the case ends, collecting garbage first on every
     ``CASES_PER_FULL_COLLECTION``-th case; nothing where something else froze objects already."""
-    if gc.get_freeze_count():
+    if heap_frozen():
         yield
         return
     if next(_cases) % CASES_PER_FULL_COLLECTION == 0:
         gc.collect()
-    gc.freeze()
+    freeze_heap()
     try:
         yield
     finally:
-        gc.unfreeze()
+        unfreeze_heap()
 
 
 def run_pair(target: Any, property_id: str, pair: tuple[str, str], data: st.DataObject) -> None:

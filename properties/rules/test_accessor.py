@@ -138,7 +138,7 @@ def _seeded_forward(module: nn.Module) -> Outcome:
     module.eval()
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+            torch.default_generator.manual_seed(0)
             return forward(module)
     finally:
         for m, mode in modes:

@@ -28,6 +28,7 @@ from swapspec.properties.models.examples import Example, same_values, value_copy
 from swapspec.properties.models.invariants import input_for
 from swapspec.properties.models.load_examples import changes, snapshot_for_load
 from swapspec.properties.models.outcomes import attempt, seeded_attempt
+from swapspec.properties.models.standalone import world_lines
 from swapspec.strategies import module_trees
 from swapspec.strategies.calls import CallInput
 from swapspec.strategies.decorations import KINDS as DECORATION_KINDS
@@ -439,11 +440,11 @@ def _stack_repro(example: Example, target: Any, ensemble: Ensemble, *,
                    ("all(s.is_leaf for s in params.values())", "a stacked parameter is no leaf"),
                    ("unchanged()", "the models changed")]
     else:
-        skeleton = "models[0]" if ensemble.skeleton == "first" else \
-            "copy.deepcopy(models[0]).to('meta')"
+        skeleton = ["skeleton = models[0]"] if ensemble.skeleton == "first" else [
+            "root = copy.deepcopy(models[0])  # then every tensor on meta, one object per tie",
+            *world_lines("meta"), "skeleton = root"]
         x = input_for(example.module)
-        lines += ["params, buffers = torch.func.stack_module_state(models)",
-                  f"skeleton = {skeleton}",
+        lines += ["params, buffers = torch.func.stack_module_state(models)", *skeleton,
                   f"x = torch.linspace(-2, 2, {x.numel()}).reshape{tuple(x.shape)}",
                   "def call(ps, bs, inputs):",
                   "    return target_functional_call(skeleton, {**ps, **bs}, (inputs,), {})",
