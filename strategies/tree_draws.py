@@ -43,11 +43,11 @@ from swapspec.strategies.tree_parts import (
     draw_decorations,
     draw_node,
     draw_shares,
-    draw_storage,
     draw_ties,
     draw_trained,
     draw_training,
     draw_world,
+    storage_of,
 )
 from swapspec.strategies.tree_spec import (
     WRAPPERS,
@@ -149,8 +149,8 @@ def tree_specs(
         raise ValueError(f"wrappers must come from {WRAPPERS}; unknown: {unknown}")
     allowed = [w for w in usable_wrappers() if w in wrappers]
     wrapper = draw(st.sampled_from(allowed)) if allowed and coin(draw, wrapper_chance) else ""
-    storage = "" if world else draw_storage(draw, storage_chance)
     seed = draw(st.integers(0, 2**32 - 1))
+    storage = "" if world else storage_of(seed, storage_chance)
     return TreeSpec(seed=seed, root=root, ties=tie_specs, shares=share_specs, training=training,
                     decorations=decorations, trained=trained, wrapper=wrapper, world=world,
                     storage=storage)
@@ -262,8 +262,9 @@ def module_trees(
       storage (:func:`~strategies.tree_storage.share_storage`): ``'flat-parameters'``, every
       plain parameter of a dtype a slice of one flat vector (``vector_to_parameters``), or
       ``'view-buffers'``, every plain buffer a view of a longer tensor of its own. The slices
-      are disjoint: each slot keeps values of its own. 0 turns it off. Shrinks towards own
-      storage.
+      are disjoint: each slot keeps values of its own. 0 turns it off. The layout is read
+      off the tree's seed (:func:`~strategies.tree_parts.storage_of`), so it takes no draw of
+      its own and shrinks with the seed, towards own storage.
 
     * ``host_chance``: percent of leaves (default 25) drawn from the running target's host
       modules (:mod:`~strategies.host_material`; a target's ``modules``), where it has some: a

@@ -318,9 +318,10 @@ def draw_world(draw: Draw, needs: Sequence[str], worlds: Sequence[str], chance: 
 
 
 
-def draw_storage(draw: Draw, chance: int) -> str:
-    """``''`` or one of ``STORAGES`` (:mod:`~strategies.tree_storage`), the latter in ``chance``
-    percent of the draws; shrinks to ``''``."""
-    if chance == 0 or not coin(draw, chance):
+def storage_of(seed: int, chance: int) -> str:
+    """The storage layout of a tree whose seed is ``seed``: one of ``STORAGES``
+    (:mod:`~strategies.tree_storage`) for ``chance`` percent of the seeds, ``''`` for the
+    others and for seed 0 (so a tree shrinks to own storage with its seed)."""
+    if seed % 100 < 100 - chance:
         return ""
-    return draw(st.sampled_from(STORAGES))
+    return STORAGES[seed // 100 % len(STORAGES)]

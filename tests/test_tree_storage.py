@@ -11,6 +11,7 @@ from torch import nn
 from torch.testing._internal.two_tensor import TwoTensor
 
 from swapspec.properties.models.examples import same_values
+from swapspec.strategies.tree_parts import storage_of
 from swapspec.strategies.tree_storage import STORAGES, share_storage
 from swapspec.strategies.trees import (
     ContainerSpec,
@@ -97,3 +98,10 @@ def _layout(t: torch.Tensor) -> tuple:
 def test_an_unknown_storage_is_refused():
     with pytest.raises(ValueError, match="storage must be"):
         share_storage(nn.Linear(2, 2), "pinned")
+
+
+def test_the_layout_is_read_off_the_seed_and_seed_zero_has_none():
+    assert [storage_of(seed, 8) for seed in (0, 91, 92, 99, 192, 199)] == [
+        "", "", STORAGES[0], STORAGES[0], STORAGES[1], STORAGES[1]]
+    assert {storage_of(seed, 0) for seed in range(1000)} == {""}
+    assert {storage_of(seed, 100) for seed in range(1000)} == set(STORAGES)
