@@ -193,7 +193,8 @@ def _storage_layout(module: torch.nn.Module) -> tuple[set[frozenset[str]], set[s
     for name, t in named_tensors(module).items():
         if type(t) in (torch.Tensor, torch.nn.Parameter) and not t.is_meta and t.layout == torch.strided:
             by_storage.setdefault(t.untyped_storage().data_ptr(), set()).add(name)
-    views = {n for n, t in named_tensors(module).items() if isinstance(t, torch.Tensor) and t._is_view()}
+    views = {n for n, t in named_tensors(module).items() if isinstance(t, torch.Tensor)
+             and not isinstance(t, torch.nn.parameter.UninitializedTensorMixin) and t._is_view()}
     return {frozenset(names) for names in by_storage.values()}, views
 
 

@@ -197,8 +197,9 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         SEQUENCE_IDS, swap_refused_by_graph_grads,
         ("value", "grad-value", "grad-lost", "object-changed", "class", "attributes"),
         always=False, reason=
-        "Found by sequences (backward(create_graph=True), then a conversion on the swap path): "
-        "the graph the backward kept alive holds a parameter (the grads' graph, or an old-style "
+        "Found by sequences (backward(create_graph=True), or a forward whose output is held, "
+        "then a conversion on the swap path): the graph the backward kept alive (or the held "
+        "output's) holds a parameter (the grads' graph, or an old-style "
         "weight_norm, spectral_norm or pruning attribute's), swap_tensors refuses it, and "
         "_apply has already committed the tensors it converted before that one, so the module "
         "is left half converted (the reference refuses before changing anything). Whether a "
@@ -213,7 +214,12 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "(m(torch.ones(1, 2)) ** 2).sum().backward(create_graph=True); "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.double()  # raises "
         "RuntimeError: Couldn't swap ParametrizationList.original0; "
-        "assert m[0].weight.dtype == torch.float32  # fails: float64",
+        "assert m[0].weight.dtype == torch.float32  # fails: float64. Repro with a held "
+        "forward (its graph saves the second weight): m = nn.Sequential(nn.Linear(2, 2), "
+        "nn.Linear(2, 2)); held = m(torch.ones(1, 2)); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.double()  # raises "
+        "RuntimeError: Couldn't swap Linear.weight; "
+        "assert m[0].weight.dtype == torch.float32  # fails: float64 (torch 2.13.0)",
         id="torch.seq.swap-refused-by-graph-grads"),
     Deviation(
         APPLY_IDS + XLA_APPLY_IDS, old_weight_norm_swapped, "raised", always=False, reason=

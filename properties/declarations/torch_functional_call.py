@@ -460,17 +460,18 @@ def reparametrizing_name_given(example: Example) -> bool:
 
 
 def swap_refused_by_graph_grads(example: Example) -> bool:
-    """A conversion step of a sequence where a graph an earlier ``backward(create_graph=True)``
-    kept alive can hold a parameter that takes the swap path: ``swap_tensors`` refuses it, and
-    torch has committed the tensors before it. The graph is a grad's (some parameter's grad
-    carries one) or an old-style reparametrization's computed attribute's
-    (``old_norm_refusals``)."""
+    """A conversion step of a sequence where a graph can hold a parameter that takes the swap
+    path: ``swap_tensors`` refuses it, and torch has committed the tensors before it. The graph
+    is a grad's (an earlier ``backward(create_graph=True)``: some parameter's grad carries one),
+    an old-style reparametrization's computed attribute's (``old_norm_refusals``), or a
+    forward's output an earlier step holds (``graph_held``)."""
     if getattr(example, "step", "") != "convert":
         return False
     if old_norm_refusals(example):
         return True
     params = _params(example)
-    if not any(p.grad is not None and p.grad.grad_fn is not None for p in params):
+    held = getattr(example, "graph_held", False)
+    if not held and not any(p.grad is not None and p.grad.grad_fn is not None for p in params):
         return False
     return any(torch_path(example, p, applied) == "swap" for p, applied in _results(example, params))
 

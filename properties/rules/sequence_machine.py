@@ -804,7 +804,8 @@ class SequenceMachine(RuleBasedStateMachine):
         if step in COLLECTING_STEPS:
             gc.collect()
         check = StepCheck(self.property_id, self.target,
-                          StepExample(self.module, step=step, **example))
+                          StepExample(self.module, step=step, graph_held=self.kept is not None,
+                                      **example))
         self.invariants_before = step_snapshot(self, step, example)
         return check
 
