@@ -31,7 +31,7 @@ pytest.importorskip("hypofuzz", reason="HypoFuzz is not installed; this test run
 TARGET = f"{PLANTED}:tie_split"
 TEST = f"{TIES}[broken-tie-split]"
 SECONDS = 300  # a bound: the worker finds the failure in its first test cases, and stops
-CRASH_SECONDS = 150  # the crash comes at the first example; the restarted worker gets the rest
+CRASH_SECONDS = 150  # the crash comes at the first example; the other worker gets the rest
 
 
 def _fuzz(tmp: Path, *command: str, tests: tuple[str, ...] = (TEST,), target: str = TARGET
@@ -58,9 +58,14 @@ def test_a_failure_hypofuzz_finds_replays_in_pytest_from_the_campaign_database(t
     assert "broken rule [parameter-tie-split]" in replay.output, replay.output[-2000:]
 
 
-def test_a_worker_that_crashes_is_reported_with_its_repro_and_restarted_without_its_target(
+def test_a_worker_that_crashes_is_reported_with_its_repro_and_the_other_targets_fuzz_on(
         tmp_path):
-    campaign = _fuzz(tmp_path, "run", str(CRASH_SECONDS), "-n", "1",
+    """Two workers, one target each: the crashing target's worker dies at its first example,
+    is reported with the target and its repro, and is not restarted on that target; the other
+    worker fuzzes on. (One worker holding both targets would reach the crashing one only when
+    HypoFuzz's scheduler picks it: the first pick is a coin, later ones favour the target that
+    has found behaviours.)"""
+    campaign = _fuzz(tmp_path, "run", str(CRASH_SECONDS), "-n", "2",
                      tests=(f"{TIES}[crashing]", f"{TIES}[reference]"),
                      target="reference,tests.planted.crashing")
     assert campaign.returncode == 1, campaign.stdout[-2000:] + campaign.stderr[-3000:]
@@ -72,4 +77,4 @@ def test_a_worker_that_crashes_is_reported_with_its_repro_and_restarted_without_
     report = _fuzz(tmp_path, "report", tests=(f"{TIES}[reference]",), target="reference")
     found = re.search(r"total: (\d+) test cases", report.stdout)
     assert found and int(found.group(1)) > 0, (
-        f"the restarted worker fuzzed nothing after the crash:\n{report.stdout}")
+        f"the other worker fuzzed nothing:\n{report.stdout}")
