@@ -219,7 +219,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "nn.Linear(2, 2)); held = m(torch.ones(1, 2)); "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.double()  # raises "
         "RuntimeError: Couldn't swap Linear.weight; "
-        "assert m[0].weight.dtype == torch.float32  # fails: float64 (torch 2.13.0)",
+        "assert m[0].weight.dtype == torch.float32  # fails: float64 (torch 2.13.0, 2.14.1)",
         id="torch.seq.swap-refused-by-graph-grads"),
     Deviation(
         APPLY_IDS + XLA_APPLY_IDS, old_weight_norm_swapped, "raised", always=False, reason=
