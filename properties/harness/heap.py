@@ -16,7 +16,7 @@ def freeze_heap() -> bool:
     """Freeze every object alive now, unless anything is frozen already (by swapspec or by the
     process); True when this call froze them, so its caller is the one to ``unfreeze_heap``."""
     global _frozen_by_swapspec
-    if _frozen_by_swapspec or gc.get_freeze_count():
+    if heap_frozen():
         return False
     gc.freeze()
     _frozen_by_swapspec = True
