@@ -114,6 +114,8 @@ def _tie_tags(ties: tuple[TieSpec, ...], is_buffer: dict[tuple[str, str], bool])
     tags: set[str] = set()
     for tie in ties:
         tags |= {"ties", "tied-buffers" if is_buffer[tie.slots[0]] else "tied-parameters"}
+        if len({is_buffer[slot] for slot in tie.slots}) > 1:
+            tags.add("tied-parameter-and-buffer")
         paths = [p for p, _ in tie.slots]
         if len(tie.slots) >= 3:
             tags.add("tie-3plus-aliases")

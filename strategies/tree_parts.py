@@ -133,8 +133,12 @@ def draw_node(draw: Draw, o: TreeOptions, depth: int, budget: list[int]) -> Leaf
 
 
 def compatible(src: Slot, dst: Slot) -> bool:
-    """Same kind (parameter/buffer); a rigid slot (real layer, steps/count) also needs the same shape and dtype."""
-    return dst.buffer == src.buffer and (dst.flexible or (dst.shape, dst.dtype) == (src.shape, src.dtype))
+    """Same kind (parameter/buffer), or a parameter into a generic leaf's buffer slot (one tensor
+    registered as a parameter and as a buffer, which ``register_buffer`` accepts); a rigid slot
+    (real layer, steps/count) also needs the same kind, shape and dtype."""
+    if dst.buffer != src.buffer:
+        return not src.buffer and dst.flexible
+    return dst.flexible or (dst.shape, dst.dtype) == (src.shape, src.dtype)
 
 
 def draw_ties(draw: Draw, root: LeafSpec | ContainerSpec, chance: int = 55,

@@ -1388,3 +1388,58 @@ def test_removing_a_module_backward_hook_leaves_its_kind_set_for_good():
     assert not module._backward_hooks
     with pytest.raises(RuntimeError, match="Cannot use both regular backward hooks and full"):
         module.register_full_backward_hook(lambda *a: None)
+
+
+def _parameter_in_buffer_slot(order: str) -> tuple[torch.nn.Module, torch.nn.Module, str]:
+    """A module whose parameter ``p`` a buffer slot ``b`` holds too: in the module itself
+    (``same``), or in a sibling torch's traversal meets before (``buffer-first``) or after
+    (``param-first``) the parameter's own module. Returns the root, the buffer's owner and the
+    parameter's owner's attribute name."""
+    root = torch.nn.Module()
+    if order == "same":
+        root.p = torch.nn.Parameter(torch.ones(2))
+        root.register_buffer("b", root.p)
+        return root, root, ""
+    first, second = torch.nn.Module(), torch.nn.Module()
+    root.first, root.second = first, second
+    holder, owner = (first, second) if order == "buffer-first" else (second, first)
+    owner.p = torch.nn.Parameter(torch.ones(2))
+    holder.register_buffer("b", owner.p)
+    return root, holder, "first" if owner is first else "second"
+
+
+@pytest.mark.parametrize("flags", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("name", ["float()", "double()", "add(1)", "to('meta')",
+                                  "to_empty(device='cpu')", "TwoTensor"])
+@pytest.mark.parametrize("order", ["same", "buffer-first", "param-first"])
+def test_a_parameter_in_a_buffer_slot_is_split_exactly_when_torch_splits_it(order, name, flags):
+    """``torch.apply.splits-parameter-in-buffer-slot`` and ``buffer-slot-keeps-graph``: the
+    predicates say whether torch's ``_apply`` leaves the buffer slot holding another object than
+    the parameter slot, and whether that object carries an autograd graph, exactly as it does."""
+    from swapspec.properties.declarations.torch_apply import (
+        buffer_slot_keeps_graph,
+        splits_parameter_in_buffer_slot,
+    )
+    from swapspec.properties.models.apply_state import conversion_named
+    from swapspec.properties.models.examples import Example
+    from swapspec.strategies import FlagSetting
+
+    conversion = conversion_named(name)
+    overwrite, swap = flags
+    root, holder, owner_name = _parameter_in_buffer_slot(order)
+    example = Example(root, conversion=conversion, flags=FlagSetting(overwrite=overwrite, swap=swap))
+    split, graph = splits_parameter_in_buffer_slot(example), buffer_slot_keeps_graph(example)
+    root, holder, owner_name = _parameter_in_buffer_slot(order)
+    owner = getattr(root, owner_name) if owner_name else root
+    saved = (torch.__future__.get_overwrite_module_params_on_conversion(),
+             torch.__future__.get_swap_module_params_on_conversion())
+    torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    torch.__future__.set_swap_module_params_on_conversion(swap)
+    try:
+        root._apply(conversion.make_fn())
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(saved[0])
+        torch.__future__.set_swap_module_params_on_conversion(saved[1])
+    assert split == (holder.b is not owner.p), f"predicted split {split}; torch: {holder.b is not owner.p}"
+    assert graph == (holder.b.grad_fn is not None), (
+        f"predicted a graph {graph}; torch's buffer slot holds grad_fn {holder.b.grad_fn}")

@@ -65,7 +65,7 @@ def _tie(model: ModuleModel, module: nn.Module, slot: str, source: str) -> None:
 def _untie(model: ModuleModel, module: nn.Module, slot: str) -> None:
     names = next(g for g in model.slot_groups() if slot in g)
     owner, key = slot_owner(module, slot)
-    setattr(owner, key, own_copy(getattr(owner, key)))
+    setattr(owner, key, own_copy(getattr(owner, key), buffer=key in owner._buffers))
     model.untie(names)
 
 
@@ -264,3 +264,23 @@ def test_a_tie_split_by_a_call_is_a_slot_it_did_not_restore() -> None:
         check = _Collected()
         check_state(check, model, module, step)
         assert [v.clause for v in check.violations] == [clause], step
+
+
+MIXED = TreeSpec(root=LEAF, ties=(TieSpec(slots=(("", "p1"), ("", "b0"))),))
+
+
+def test_a_buffer_slot_holding_a_parameter_stays_a_buffer_slot() -> None:
+    """Rule: a slot keeps its kind. A buffer slot that holds a parameter (``register_buffer``
+    accepts one) is offered only plain tensors to tie to, and untied it gets a plain copy, in
+    the buffer table; the parameter keeps its own slot."""
+    model, module = _both(MIXED)
+    assert module._buffers["b0"] is module.p1
+    pairs = {(names[0], model.tensors[j].names[0]) for names, j in model.tie_choices()}
+    assert ("b0", "b1") in pairs and not any(slot == "b0" and source.startswith("p")
+                                             for slot, source in pairs)
+    assert ("b0",) in model.untie_choices()
+    _untie(model, module, "b0")
+    assert type(module._buffers["b0"]) is torch.Tensor and "b0" not in module._parameters
+    assert module.p1 is not module.b0 and torch.equal(module.p1.detach(), module.b0)
+    assert not _violations(model, module, "untie")
+    assert _forward_agrees(model, module)

@@ -44,7 +44,7 @@ from swapspec.strategies.decorations import PARAMETRIZATIONS
 from swapspec.strategies.state_dicts import state_dicts, swap_refused
 from swapspec.strategies.torch_modules import CatalogueLeaf
 from swapspec.strategies.tree_needs import with_none_slot
-from swapspec.strategies.tree_parts import draw_trained, draw_training
+from swapspec.strategies.tree_parts import compatible, draw_trained, draw_training
 from swapspec.strategies.trees import (
     BLOCK_NAMES,
     ContainerSpec,
@@ -559,3 +559,19 @@ def test_a_batch_norm_and_an_instance_norm_sharing_running_mean_cannot_train():
     x = torch.ones(4, 3, requires_grad=True) * torch.arange(4.0).reshape(4, 1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         norm(bn(x).unsqueeze(-1).expand(4, 3, 5)).sum().backward()
+
+
+def test_a_parameter_may_be_tied_into_a_generic_buffer_slot_only():
+    """Rule: a tie joins slots of one kind, but a parameter may join a generic leaf's buffer
+    slot (one tensor registered as a parameter and as a buffer); a buffer never joins a
+    parameter slot, and a rigid buffer slot (BatchNorm's running stats) takes only a buffer of
+    its shape and dtype."""
+    from swapspec.strategies.tree_spec import Slot
+
+    param = Slot("a", "p0", False, (4,), "float32", True)
+    generic_buffer = Slot("b", "b0", True, (4,), "float32", True)
+    running_mean = Slot("c", "running_mean", True, (4,), "float32", False)
+    assert compatible(param, generic_buffer)
+    assert not compatible(generic_buffer, param)
+    assert not compatible(param, running_mean)
+    assert compatible(generic_buffer, running_mean) and compatible(running_mean, generic_buffer)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from swapspec.properties.declarations.torch_apply import (
     bad_argument_unchecked,
+    buffer_carries_graph,
     commits_before_its_raise,
     commits_before_raising,
     converts_before_refused_swap,
@@ -38,6 +39,8 @@ from swapspec.properties.declarations.torch_apply import (
     shared_grad_swapped,
     split_tie_shares_grad,
     split_tied_buffer_shares_storage,
+    splits_parameter_in_buffer_slot,
+    step_splits_parameter_in_buffer_slot,
     swap_ignores_new_hooks,
     swap_ignores_new_hooks_unless_norm_raises,
     swap_refuses_subclass,
@@ -442,6 +445,59 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "under two names ends as two tensors. Repro: m = nn.Module(); "
         "m.register_buffer('a', torch.ones(2)); m.register_buffer('b', m.a); m.double(); "
         "assert m.a is m.b  # fails", id="torch.apply.rebinding-splits-tied-buffers"),
+    Deviation(
+        ("APPLY-TIES", "APPLY-PARAMETER-IDENTITY"), splits_parameter_in_buffer_slot,
+        ("parameter-tie-split", "class"), reason=
+        "A tensor registered as a parameter and as a buffer (register_buffer accepts a "
+        "Parameter) is converted in each slot: _apply converts the parameter slot, then rebinds "
+        "the buffer slot to fn of the tensor it meets there, so the buffer slot ends holding a "
+        "new plain tensor wherever fn returns a new object (or the parameter takes the "
+        "overwrite path); the reference converts the object once and keeps it in both slots. "
+        "Found by module_trees' parameter-into-buffer ties; torch 2.13.0. Repro: m = nn.Module(); "
+        "m.p = nn.Parameter(torch.ones(2)); m.register_buffer('b', m.p); m._apply(lambda t: t + 1); "
+        "assert m.b is m.p  # fails: m.b is a Tensor [3., 3.], m.p [2., 2.]",
+        id="torch.apply.splits-parameter-in-buffer-slot"),
+    Deviation(
+        ("APPLY-PARAMETER-IDENTITY", "APPLY-PATH"), splits_parameter_in_buffer_slot,
+        ("class", "attributes", "requires-grad", "path-swap", "path-set-data", "path-overwrite"),
+        always=False, reason=
+        "What torch.apply.splits-parameter-in-buffer-slot leaves, seen name by name: the buffer "
+        "slot's name no longer holds the parameter object (the path it took is not the "
+        "parameter's), and holds fn's plain result (class Tensor, no attributes, requires_grad "
+        "from fn's autograd record) or, on the overwrite path, the old object. It does not show "
+        "in the class clause where fn returns a tensor subclass, whose class the property "
+        "accepts. Torch 2.13.0. Repro: m = nn.Module(); m.p = nn.Parameter(torch.ones(2)); "
+        "m.register_buffer('b', m.p); p = m.p; m._apply(lambda t: t + 1); "
+        "type(m.b).__name__, m.b is p  # ('Tensor', False)",
+        id="torch.apply.parameter-in-buffer-slot-names"),
+    Deviation(
+        SEQUENCE_IDS, step_splits_parameter_in_buffer_slot,
+        ("parameter-tie-split", "buffer-tie-split", "value", "object-changed", "class",
+         "attributes", "requires-grad", "grad-value", "grad-lost"), always=False, reason=
+        "At a sequence's conversion step: torch.apply.splits-parameter-in-buffer-slot, seen "
+        "slot by slot (the buffer slot's new object, its values where fn is applied twice, its "
+        "requires_grad from fn's autograd record). Torch 2.13.0. Repro: as "
+        "torch.apply.splits-parameter-in-buffer-slot.",
+        id="torch.seq.splits-parameter-in-buffer-slot"),
+    Deviation(
+        ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", *SEQUENCE_IDS), buffer_carries_graph,
+        ("raised", "before-hook-lost", "after-hook-lost", "stale-forward", "INV-WORKING",
+         "grad-value", "requires-grad"), always=False, reason=
+        "_apply rebinds buffers as `self._buffers[k] = fn(buf)` outside torch.no_grad(), so a "
+        "buffer slot holding a parameter that requires grad (see "
+        "torch.apply.splits-parameter-in-buffer-slot) ends holding a non-leaf whose graph leads "
+        "back to the parameter: a backward through it sends grads into the parameter (or, on the "
+        "overwrite path, into the old object), and on the swap path, where the buffer slot is "
+        "met before the parameter is swapped, into an AccumulateGrad node swap_tensors "
+        "poisoned, so every backward through the buffer raises. The buffer keeps its graph "
+        "through later steps (a sequence's requires_grad_, zero_grad and backward see a buffer "
+        "that requires grad). Whether it shows depends on whether forward reads the buffer. Found by module_trees' parameter-into-buffer ties; "
+        "torch 2.13.0. Repro: m = nn.Module(); m.a = nn.Module(); m.c = nn.Module(); "
+        "m.c.p = nn.Parameter(torch.ones(2)); m.a.register_buffer('b', m.c.p); "
+        "torch.__future__.set_swap_module_params_on_conversion(True); m.half(); "
+        "m.a.b.grad_fn  # ToCopyBackward0; m.a.b.float().sum().backward()  # RuntimeError: "
+        "Trying to execute AccumulateGrad node that was poisoned by swap_tensors",
+        id="torch.apply.buffer-slot-keeps-graph"),
     Deviation(
         "APPLY-FORWARD", split_tied_buffer_shares_storage, "stale-forward", always=False, reason=
         "A buffer registered under two names is converted once per slot (see buffer-tie-split); "

@@ -351,10 +351,80 @@ def _returns_itself(example: Example, t: Tensor) -> bool:
 
 
 def rebinding_splits_tied_buffers(example: Example) -> bool:
-    """A buffer held by two slots, with ``fn`` returning a new tensor: one result per slot."""
+    """A buffer held by two slots, with ``fn`` returning a new tensor: one result per slot (a
+    parameter in buffer slots: ``splits_parameter_in_buffer_slot``)."""
     held = _distinct_slots(example, "_buffers")
+    params = {id(p) for p in _params(example)}
+    plain = [b for b in _buffers(example) if id(b) not in params]
     return not torch_apply_raises(example) and any(
-        held[id(b)] > 1 and applied is not b for b, applied in _results(example, _buffers(example)))
+        held[id(b)] > 1 and applied is not b for b, applied in _results(example, plain))
+
+
+def params_in_buffer_slots(example: Example) -> list[Tensor]:
+    """The parameters (in scope) that a buffer slot holds too."""
+    buffered = {id(b) for b in _buffers(example)}
+    return [p for p in _params(example) if id(p) in buffered]
+
+
+def _buffer_slot_first(example: Example, param: Tensor) -> bool:
+    """torch's traversal meets ``param`` in a buffer slot before its parameter slot."""
+    for running, t in torch_call_sites(example):
+        if t is param:
+            return not any(t is p for p in running[-1]._parameters.values())
+    return False
+
+
+def splits_parameter_in_buffer_slot(example: Example) -> bool:
+    """A parameter that a buffer slot holds too ends as two objects: torch converts the
+    parameter slot (``.data =`` or a swap keeps the object, the overwrite path makes a new
+    Parameter) and rebinds the buffer slot to ``fn`` of the tensor it meets there, the
+    parameter before or after its own conversion, whichever comes first. The tie holds only
+    off the overwrite path where ``fn`` returns that tensor itself."""
+    if torch_apply_raises(example):
+        return False
+    for param, applied in _results(example, params_in_buffer_slots(example)):
+        if torch_path(example, param, applied) == "overwrite":
+            return True
+        if applied is param:
+            continue
+        if _buffer_slot_first(example, param) or not _returns_itself(example, applied):
+            return True
+    return False
+
+
+def buffer_slot_keeps_graph(example: Example) -> bool:
+    """``splits_parameter_in_buffer_slot``, where the buffer slot's new tensor carries an
+    autograd graph back to the parameter: torch rebinds buffers outside ``torch.no_grad()``, so
+    ``fn`` of a parameter that requires grad records its op (``t + 1``, ``t.half()``)."""
+    if not splits_parameter_in_buffer_slot(example):
+        return False
+    fn = example.conversion.make_fn()
+    for param in params_in_buffer_slots(example):
+        if not param.requires_grad:
+            continue
+        try:
+            with torch.enable_grad():
+                out = fn(param)
+        except Exception:
+            continue
+        if isinstance(out, Tensor) and out.grad_fn is not None:
+            return True
+    return False
+
+
+def buffer_carries_graph(example: Example) -> bool:
+    """Some buffer in scope carries an autograd graph, or this conversion leaves one
+    (``buffer_slot_keeps_graph``): what torch's conversion of a parameter in a buffer slot
+    leaves, and keeps through later steps (``fn`` of such a buffer records its op again)."""
+    if any(b.grad_fn is not None for b in _buffers(example)):
+        return True
+    converting = getattr(example, "step", "") in ("", "convert")
+    return converting and example.conversion is not None and buffer_slot_keeps_graph(example)
+
+
+def step_splits_parameter_in_buffer_slot(example: Example) -> bool:
+    """A sequence's conversion step where ``splits_parameter_in_buffer_slot`` holds."""
+    return getattr(example, "step", "") == "convert" and splits_parameter_in_buffer_slot(example)
 
 
 def _new_object_sharing_storage(t: Tensor, applied: Any) -> bool:
@@ -389,11 +459,20 @@ def _slot_counts(example: Example, registry: str) -> dict[int, int]:
     return counts
 
 
+def _met_counts(example: Example) -> dict[int, int]:
+    """How many times torch's traversal meets each tensor, in parameter and buffer slots
+    together (a parameter tied into a buffer slot is met in both)."""
+    counts = _slot_counts(example, "_parameters")
+    for key, n in _slot_counts(example, "_buffers").items():
+        counts[key] = counts.get(key, 0) + n
+    return counts
+
+
 def converts_some_tensor_twice(example: Example) -> bool:
     """Some tensor is met twice by torch's traversal (a tie, or a module visited twice)."""
     if torch_apply_raises(example):
         return False
-    counts = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
+    counts = _met_counts(example)
     return any(n > 1 for n in counts.values())
 
 
@@ -405,7 +484,7 @@ def _converts_result_again(example: Example, tensors: list[Tensor]) -> bool:
     """
     if torch_apply_raises(example):
         return False
-    met = {**_slot_counts(example, "_parameters"), **_slot_counts(example, "_buffers")}
+    met = _met_counts(example)
     visits = torch_visits(example.module)
     twice_visited = {id(t) for m in _scope(example) if visits[id(m)] > 1
                      for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}

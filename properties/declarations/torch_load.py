@@ -24,10 +24,12 @@ from swapspec.properties.declarations.torch_load_failures import (
 from swapspec.properties.declarations.torch_load_objects import (
     assign_keeps_a_slot_given_itself,
     assign_keeps_tied_own_data,
+    assign_moves_buffer_to_parameters,
     assign_replaces_own_data,
     assign_splits_ties,
     round_trip_assign_replaces,
     round_trip_swap_loses_identity,
+    step_assign_moves_buffer_to_parameters,
     step_assign_replaces_own_data,
     step_assign_splits_ties,
     step_swap_loses_identity,
@@ -179,6 +181,17 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "assert m[0].weight is not m[1].weight",
         TORCH_ALL, id="torch.load.assign-splits-ties"),
     Deviation(
+        ("LOAD-PATH", "LOAD-VALUES", "LOAD-KEYS", "LOAD-IDENTITY", "LOAD-TIES", "LOAD-ROUND-TRIP"),
+        assign_moves_buffer_to_parameters, "INV-KINDS",
+        "With assign=True (swap flag off) torch's _load_from_state_dict wraps a value as a "
+        "Parameter wherever the slot's current object is one, and setattr's it: a buffer slot "
+        "holding a Parameter (register_buffer accepts one) becomes a parameter slot, leaving "
+        "named_buffers(). The reference assigns a buffer slot's value as a buffer.\n"
+        "m = torch.nn.Module(); m.p = torch.nn.Parameter(torch.ones(2)); m.register_buffer('b', m.p)\n"
+        "m.load_state_dict(m.state_dict(), assign=True)\n"
+        "assert 'b' in dict(m.named_buffers())  # fails: 'b' is in m._parameters",
+        TORCH_CHECKED, id="torch.load.assign-moves-buffer-to-parameters"),
+    Deviation(
         "LOAD-TIES", assign_keeps_tied_own_data, "tie-value",
         "With assign=True torch writes every key of a tied object in turn, a key giving the "
         "object's own data too: under the swap flag the object ends with the last key's value "
@@ -310,6 +323,15 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(sd, assign=True)\n"
         "assert m[0].weight is m[1].weight  # fails",
         torch_versions=TORCH_SEEN, id="torch.load.step-assign-splits-ties"),
+    Deviation(
+        vocabulary.SEQUENCES, step_assign_moves_buffer_to_parameters, "INV-KINDS", always=False,
+        reason="At a sequence's load step with assign=True (swap flag off) a buffer slot holding "
+        "a Parameter becomes a parameter slot (torch.load.assign-moves-buffer-to-parameters). "
+        "Checked on torch 2.13.0.\n"
+        "m = torch.nn.Module(); m.p = torch.nn.Parameter(torch.ones(2)); m.register_buffer('b', m.p)\n"
+        "m.load_state_dict({k: v + 1 for k, v in m.state_dict().items()}, assign=True)\n"
+        "assert 'b' in dict(m.named_buffers())  # fails",
+        torch_versions=TORCH_CHECKED, id="torch.load.step-assign-moves-buffer-to-parameters"),
     Deviation(
         vocabulary.SEQUENCES, step_assign_replaces_own_data,
         ("object-changed", "class", "attributes", "grad-lost", "grad-value"), always=False,

@@ -224,6 +224,25 @@ def step_swap_loses_identity(example: Any) -> bool:
     return load_step(example) and swap_loses_identity(example)
 
 
+def assign_moves_buffer_to_parameters(example: Any) -> bool:
+    """``assign=True`` without swap, with a key given for a buffer slot that holds a
+    ``Parameter``: torch wraps the value as a ``Parameter`` (the slot's current object is one)
+    and ``setattr`` registers it as a parameter, so the buffer slot becomes a parameter slot."""
+    load = example.load
+    if not load.assign or load.swap or spec_fails(example):
+        return False
+    for prefix, m in example.module.named_modules(remove_duplicate=False):
+        for key, t in m._buffers.items():
+            name = f"{prefix}.{key}" if prefix else key
+            if isinstance(t, nn.Parameter) and name in load.state_dict:
+                return True
+    return False
+
+
+def step_assign_moves_buffer_to_parameters(example: Any) -> bool:
+    return load_step(example) and assign_moves_buffer_to_parameters(example)
+
+
 def step_assign_splits_ties(example: Any) -> bool:
     return load_step(example) and assign_splits_ties(example)
 

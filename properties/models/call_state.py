@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
@@ -236,8 +237,10 @@ def replaced_originals(module: nn.Module, filled: dict[str, Any]) -> set[int]:
 
 def fresh_copy_holding(module: nn.Module) -> nn.Module:
     """A fresh build of ``module``'s tree whose every slot holds a clone of ``module``'s tensor
-    there, one clone per object (ties stay ties), set with ``setattr`` so modules that derive
-    state from their parameters (an RNN's ``_flat_weights``) see them."""
+    there, one clone per object (ties stay ties), in ``module``'s memory layout
+    (``copy_layout``); a parameter slot is set with ``setattr`` so modules that derive state
+    from their parameters (an RNN's ``_flat_weights``) see it, a buffer slot through its table
+    (a parameter tied into a buffer slot stays in a buffer slot)."""
     copy = tree_info(module).build()
     named = named_tensors(module)
     clones = identity_preserving_clones(named.values())
@@ -245,10 +248,43 @@ def fresh_copy_holding(module: nn.Module) -> nn.Module:
         prefix, _, key = name.rpartition(".")
         owner = copy.get_submodule(prefix) if prefix else copy
         clone = clones[id(value)]
+        if key in owner._buffers:
+            owner._buffers[key] = clone
+            continue
         if key in owner._parameters and not isinstance(clone, nn.Parameter):
             clone = nn.Parameter(clone, requires_grad=value.requires_grad)
         setattr(owner, key, clone)
+    copy_layout(module, copy)
     return copy
+
+
+def copy_layout(module: nn.Module, fresh: nn.Module) -> None:
+    """Give ``fresh``'s plain tensors ``module``'s layout: one new storage per storage of
+    ``module``, each tensor at its offset and strides there. Slices of one flat vector sit at
+    offsets a kernel may not find aligned, and a kernel's rounding can depend on alignment;
+    ``Parameter.__deepcopy__`` clones each parameter into a storage of its own."""
+    theirs = named_tensors(fresh)
+    storages: dict[int, Any] = {}
+    done: set[int] = set()
+    for name, t in named_tensors(module).items():
+        f = theirs.get(name)
+        if not (_plain_strided(t) and _plain_strided(f)) or id(f) in done:
+            continue
+        done.add(id(f))
+        source = t.untyped_storage()
+        if source.data_ptr() not in storages:
+            storages[source.data_ptr()] = source.clone()
+        with torch.no_grad():
+            f.data = torch.empty(0, dtype=t.dtype).set_(
+                storages[source.data_ptr()], t.storage_offset(), t.shape, t.stride())
+
+
+def _plain_strided(t: Any) -> bool:
+    return (type(t) in (Tensor, nn.Parameter) and t.layout == torch.strided
+            and t.device.type == "cpu" and holds_values(t) and not t.is_inference()
+            and not t.is_conj() and not t.is_neg())
+
+
 
 
 def fresh_kwargs(call: Any) -> dict[str, Any]:
@@ -265,11 +301,9 @@ def copy_outcome(module: nn.Module, filled: dict[str, Any], call: Any,
         return attempt(lambda: copy(*[clone_value(a) for a in call.args], **kwargs))
 
 
-def raised_as_a_fresh_build_does(outcome: Outcome, module: nn.Module, args: tuple) -> bool:
-    """Whether ``outcome`` raised the error type that a fresh build of ``module``'s tree raises
-    when called on ``args`` itself, with no functional call: a tree that cannot run in its world
-    (a catalogue layer that reads a value out of ``meta`` tensors) owes no successful call."""
-    if outcome.error is None:
-        return False
+def runs_in_its_world(module: nn.Module, args: tuple) -> bool:
+    """Whether a fresh build of ``module``'s tree runs its forward on ``args``: a tree that
+    cannot run in its world (a catalogue layer that reads a value out of ``meta`` tensors)
+    owes no successful call."""
     own = attempt(lambda: tree_info(module).build()(*[clone_value(a) for a in args]))
-    return own.error is not None and type(own.error) is type(outcome.error)
+    return own.error is None

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import UninitializedTensorMixin
 
 from swapspec import reference
-from swapspec.properties.models.call_state import ModuleState, module_state
+from swapspec.properties.models.call_state import ModuleState, copy_layout, module_state
 from swapspec.properties.models.examples import (
     holds_values,
     is_wrapper,
@@ -437,35 +437,8 @@ def _fresh(module: nn.Module) -> nn.Module:
     for name, p in module.named_parameters(remove_duplicate=False):
         if p.grad is not None and theirs[name].grad is None:
             theirs[name].grad = p.grad.detach().clone()
-    _copy_layout(module, fresh)
+    copy_layout(module, fresh)
     return fresh
-
-
-def _copy_layout(module: nn.Module, fresh: nn.Module) -> None:
-    """Give ``fresh``'s plain tensors ``module``'s layout: one new storage per storage of
-    ``module``, each tensor at its offset and strides there. Slices of one flat vector sit at
-    offsets a kernel may not find aligned, and a kernel's rounding can depend on alignment;
-    ``Parameter.__deepcopy__`` clones each parameter into a storage of its own."""
-    theirs = named_tensors(fresh)
-    storages: dict[int, Any] = {}
-    done: set[int] = set()
-    for name, t in named_tensors(module).items():
-        f = theirs.get(name)
-        if not (_plain_strided(t) and _plain_strided(f)) or id(f) in done:
-            continue
-        done.add(id(f))
-        source = t.untyped_storage()
-        if source.data_ptr() not in storages:
-            storages[source.data_ptr()] = source.clone()
-        with torch.no_grad():
-            f.data = torch.empty(0, dtype=t.dtype).set_(
-                storages[source.data_ptr()], t.storage_offset(), t.shape, t.stride())
-
-
-def _plain_strided(t: Any) -> bool:
-    return (type(t) in (Tensor, nn.Parameter) and t.layout == torch.strided
-            and t.device.type == "cpu" and holds_values(t) and not t.is_inference()
-            and not t.is_conj() and not t.is_neg())
 
 
 def _clone(t: Tensor | None) -> Tensor | None:

@@ -96,6 +96,9 @@ class ModuleModel:
     tensors: list[TensorState]
     slots: dict[str, int]  # name -> index into tensors
     hooks: list[HookState] = field(default_factory=list)
+    # the names registered as buffers (a parameter tied into a buffer slot keeps that slot a
+    # buffer slot: no operation changes a slot's kind)
+    buffer_names: frozenset[str] = frozenset()
     # per entry: the tensor it must be; None: stale; UNNAMED: held by no name any more
     optimizer: list[int | None] | None = None
     # A parameter was swapped while a grad's graph held autograd nodes of the module: torch
@@ -131,7 +134,8 @@ class ModuleModel:
                 tensors.append(_state_of(t, id(t) in parameter_ids))
             slots[name] = by_id[id(t)]
             tensors[by_id[id(t)]].names += (name,)
-        return cls(spec, tensors, slots)
+        buffers = frozenset(name for name, _ in module.named_buffers(remove_duplicate=False))
+        return cls(spec, tensors, slots, buffer_names=buffers)
 
     def resync(self, module: nn.Module) -> None:
         """Take the module's state as the model's (after a declared deviation), keeping hook
@@ -145,7 +149,7 @@ class ModuleModel:
             hook.live = hook.live and hook.index is not None
         if self.optimizer is not None:
             self.optimizer = [i if i in (None, UNNAMED) else remap.get(i) for i in self.optimizer]
-        self.tensors, self.slots = fresh.tensors, fresh.slots
+        self.tensors, self.slots, self.buffer_names = fresh.tensors, fresh.slots, fresh.buffer_names
 
     def adopt(self, module: nn.Module) -> None:
         """After a check: take the module's new objects where a new one was allowed, its values
@@ -460,13 +464,15 @@ class ModuleModel:
 
     def tie_choices(self) -> list[tuple[tuple[str, ...], int]]:
         """(a slot's names, a tensor index) pairs a tie may draw: the tensor is of the slot's
-        kind (parameter or buffer) and holds the slot's dtype, device and shape, so a forward
-        still runs; the slot does not hold it yet."""
+        kind (a parameter into a parameter slot, a plain tensor into a buffer slot: a Parameter
+        set on a buffer's key would make it a parameter) and holds the slot's dtype, device and
+        shape, so a forward still runs; the slot does not hold it yet."""
         choices = []
         for names in self.slot_groups():
             here = self.tensors[self.slots[names[0]]]
+            parameter_slot = names[0] not in self.buffer_names
             for j, other in enumerate(self.tensors):
-                if other is not here and other.parameter == here.parameter \
+                if other is not here and other.parameter == parameter_slot \
                         and same_metadata(other.value, here.value):
                     choices.append((names, j))
         return choices
@@ -492,12 +498,14 @@ class ModuleModel:
         """Slot ``names`` gets its own copy of its tensor (a new ``nn.Parameter`` of the same
         values and ``requires_grad``, or a buffer's ``detach().clone()``): a new object, of
         class ``nn.Parameter`` without attributes, grad or hooks, in no optimizer. The tensor
-        keeps its other names, object, grad, hooks and optimizer entries."""
+        keeps its other names, object, grad, hooks and optimizer entries. The copy is of the
+        slot's kind: a buffer slot holding a parameter gets a buffer."""
         state = self.tensors[self.slots[names[0]]]
+        parameter = names[0] not in self.buffer_names
         self.tensors.append(TensorState(
-            names=names, parameter=state.parameter,
-            cls=parameter_class(state.value) if state.parameter else Tensor, attributes={},
-            requires_grad=state.requires_grad if state.parameter else False,
+            names=names, parameter=parameter,
+            cls=parameter_class(state.value) if parameter else Tensor, attributes={},
+            requires_grad=state.requires_grad if parameter else False,
             value=_copy(state.value), values_known=state.values_known))
         self._drop_names(self.slots[names[0]], names)
         return Prediction()
@@ -586,12 +594,13 @@ def _copy(t: Tensor) -> Tensor:
 
 
 def _set_slot(module: nn.Module, name: str, value: Tensor) -> None:
-    """Put ``value`` in slot ``name`` of ``module``: a Parameter through ``setattr`` (modules
-    deriving state from their parameters see it), anything else straight into the table, as
-    ``functional_call`` puts a given tensor."""
+    """Put ``value`` in slot ``name`` of ``module``: a Parameter into a parameter slot through
+    ``setattr`` (modules deriving state from their parameters see it), anything else straight
+    into the slot's table, as ``functional_call`` puts a given tensor (a parameter tied into a
+    buffer slot stays in the buffer table)."""
     prefix, _, key = name.rpartition(".")
     owner = module.get_submodule(prefix) if prefix else module
-    if isinstance(value, nn.Parameter):
+    if isinstance(value, nn.Parameter) and key not in owner._buffers:
         setattr(owner, key, value)
     elif key in owner._parameters:
         owner._parameters[key] = value

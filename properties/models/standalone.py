@@ -313,9 +313,9 @@ def _tie_lines(spec: TreeSpec) -> list[str]:
     lines = []
     for tie in spec.ties:
         (src_path, src_name), *others = tie.slots
-        registry = _registry(spec, src_path, src_name)
+        source = f"m[{src_path!r}].{_registry(spec, src_path, src_name)}[{src_name!r}]"
         for path, name in others:
-            lines.append(f"m[{path!r}].{registry}[{name!r}] = m[{src_path!r}].{registry}[{src_name!r}]"
+            lines.append(f"m[{path!r}].{_registry(spec, path, name)}[{name!r}] = {source}"
                          "  # a tie")
     return lines
 

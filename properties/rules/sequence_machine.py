@@ -501,8 +501,8 @@ class SequenceMachine(RuleBasedStateMachine):
     def tie(self, data: st.DataObject) -> None:
         """Tie a slot to another tensor as users do (``decoder.weight = encoder.weight``:
         ``setattr(owner, key, tensor)``), or untie one slot of a tie (its own copy: a new
-        ``nn.Parameter`` of the same values and ``requires_grad``, a buffer's
-        ``detach().clone()``). A tie joins slots of one kind (parameters, or buffers: a
+        ``nn.Parameter`` of the same values and ``requires_grad``, a buffer slot's
+        ``detach().clone()``, also where it holds a parameter). A tie joins slots of one kind (parameters, or buffers: a
         Parameter set on a buffer's key would make it a parameter) whose tensors have one
         dtype, device and shape, so the module's forward still runs. A slot is one (module,
         key): re-pointing a shared submodule's slot re-points all its paths."""
@@ -519,10 +519,11 @@ class SequenceMachine(RuleBasedStateMachine):
             prediction, lines = model.tie(names, index), repro.tie_lines(names, source)
         else:
             names = data.draw(st.sampled_from(model.untie_choices()), label="slot")
-            parameter = model.tensors[model.slots[names[0]]].parameter
+            parameter = names[0] not in model.buffer_names
             check = self.begin("untie")
             owner, key = slot_owner(self.module, names[0])
-            outcome = attempt(lambda: setattr(owner, key, own_copy(getattr(owner, key))))
+            outcome = attempt(lambda: setattr(owner, key, own_copy(getattr(owner, key),
+                                                                   buffer=not parameter)))
             prediction, lines = model.untie(names), repro.untie_lines(names, parameter)
         self.after(check, prediction, outcome, lines)
 

@@ -44,10 +44,10 @@ def shifted(value: Tensor, times: int) -> Tensor:
     return out
 
 
-def own_copy(t: Tensor) -> Tensor:
+def own_copy(t: Tensor, *, buffer: bool) -> Tensor:
     """What untie puts in a slot: ``nn.Parameter(t.detach().clone(), requires_grad=...)`` for a
-    parameter, ``t.detach().clone()`` for a buffer."""
-    if isinstance(t, nn.Parameter):
+    parameter slot, ``t.detach().clone()`` for a buffer slot (also where it holds a parameter)."""
+    if not buffer:
         return nn.Parameter(value_copy(t), requires_grad=t.requires_grad)
     return value_copy(t)
 
