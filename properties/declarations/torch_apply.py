@@ -269,11 +269,30 @@ def _swap_ignores_new_hooks(example: Example) -> bool:
 
 
 def loses_tensor_hooks(example: Example) -> bool:
-    return not old_weight_norm_swapped(example) and _loses_tensor_hooks(example)
+    return (not old_weight_norm_swapped(example) and not touches_a_split_parameter(example)
+            and _loses_tensor_hooks(example))
 
 
 def swap_ignores_new_hooks(example: Example) -> bool:
-    return not old_weight_norm_swapped(example) and _swap_ignores_new_hooks(example)
+    return (not old_weight_norm_swapped(example) and not touches_a_split_parameter(example)
+            and _swap_ignores_new_hooks(example))
+
+
+def touches_a_split_parameter(example: Example) -> bool:
+    """A buffer slot holds a parameter, or what torch's split of one left there (a Parameter no
+    parameter slot holds, or a tensor with an autograd graph): a backward through that buffer
+    reaches the old object's hooks, or the one its graph leads to."""
+    params = {id(p) for p in _params(example)}
+    return any(id(b) in params or isinstance(b, nn.Parameter) or b.grad_fn is not None
+               for b in _buffers(example))
+
+
+def hooks_beside_a_split_parameter(example: Example) -> bool:
+    """``loses_tensor_hooks`` or ``swap_ignores_new_hooks`` where
+    ``touches_a_split_parameter``: whether a lost hook fires anyway depends on what forward
+    reads."""
+    return (not old_weight_norm_swapped(example) and touches_a_split_parameter(example)
+            and (_loses_tensor_hooks(example) or _swap_ignores_new_hooks(example)))
 
 
 def loses_tensor_hooks_unless_norm_raises(example: Example) -> bool:
@@ -328,6 +347,8 @@ def split_tie_shares_grad(example: Example) -> bool:
     if torch_apply_raises(example):
         return False
     held = _distinct_slots(example, "_parameters")
+    for key, n in _distinct_slots(example, "_buffers").items():  # a parameter in a buffer slot
+        held[key] = held.get(key, 0) + n
     return any(torch_path(example, p, applied) != "overwrite" or _returns_itself(example, p.grad)
                for p, applied in _results(example, params_sharing_a_grad(example))) or any(
         held[id(p)] > 1 and p.grad is not None and torch_path(example, p, applied) == "overwrite"
@@ -337,9 +358,11 @@ def split_tie_shares_grad(example: Example) -> bool:
 
 def params_sharing_a_grad(example: Example) -> list[Tensor]:
     """Distinct parameters that hold one grad object between them (what the overwrite path
-    leaves of a tied parameter with a grad)."""
+    leaves of a tied parameter with a grad, the old object staying in a buffer slot where the
+    tie held one)."""
+    in_buffers = [b for b in _buffers(example) if isinstance(b, nn.Parameter)]
     holders: dict[int, int] = {}
-    for p in _params(example):
+    for p in {id(t): t for t in [*_params(example), *in_buffers]}.values():
         if p.grad is not None:
             holders[id(p.grad)] = holders.get(id(p.grad), 0) + 1
     return [p for p in _params(example) if p.grad is not None and holders[id(p.grad)] > 1]

@@ -24,6 +24,7 @@ from swapspec.properties.declarations.torch_load_failures import (
 from swapspec.properties.declarations.torch_load_objects import (
     assign_keeps_a_slot_given_itself,
     assign_keeps_tied_own_data,
+    assign_moves_buffer_before_failing,
     assign_moves_buffer_to_parameters,
     assign_replaces_own_data,
     assign_splits_ties,
@@ -191,6 +192,16 @@ LOAD_DEVIATIONS: tuple[Deviation, ...] = (
         "m.load_state_dict(m.state_dict(), assign=True)\n"
         "assert 'b' in dict(m.named_buffers())  # fails: 'b' is in m._parameters",
         TORCH_CHECKED, id="torch.load.assign-moves-buffer-to-parameters"),
+    Deviation(
+        "LOAD-ATOMIC", assign_moves_buffer_before_failing, "INV-KINDS", always=False,
+        torch_versions=TORCH_CHECKED, id="torch.load.assign-moves-buffer-before-failing", reason=
+        "A load with assign=True that fails for another key still writes the keys it can "
+        "(torch.load.writes-before-failing), and a buffer slot holding a Parameter among them "
+        "becomes a parameter slot (torch.load.assign-moves-buffer-to-parameters); it shows where "
+        "torch reaches that key before the error it raises for the other.\n"
+        "m = torch.nn.Module(); m.p = torch.nn.Parameter(torch.ones(2)); m.register_buffer('b', m.p)\n"
+        "m.load_state_dict({'p': torch.ones(3), 'b': torch.ones(2)}, assign=True)  # RuntimeError\n"
+        "assert 'b' in dict(m.named_buffers())  # fails"),
     Deviation(
         "LOAD-TIES", assign_keeps_tied_own_data, "tie-value",
         "With assign=True torch writes every key of a tied object in turn, a key giving the "

@@ -224,19 +224,31 @@ def step_swap_loses_identity(example: Any) -> bool:
     return load_step(example) and swap_loses_identity(example)
 
 
-def assign_moves_buffer_to_parameters(example: Any) -> bool:
-    """``assign=True`` without swap, with a key given for a buffer slot that holds a
-    ``Parameter``: torch wraps the value as a ``Parameter`` (the slot's current object is one)
-    and ``setattr`` registers it as a parameter, so the buffer slot becomes a parameter slot."""
+def _given_buffer_slots_holding_parameters(example: Any) -> bool:
+    """A key the load writes (given, not one of its bad keys) names a buffer slot that holds
+    a ``Parameter``, with ``assign=True`` and no swap flag."""
     load = example.load
-    if not load.assign or load.swap or spec_fails(example):
+    if not load.assign or load.swap:
         return False
     for prefix, m in example.module.named_modules(remove_duplicate=False):
         for key, t in m._buffers.items():
             name = f"{prefix}.{key}" if prefix else key
-            if isinstance(t, nn.Parameter) and name in load.state_dict:
+            if isinstance(t, nn.Parameter) and name in load.state_dict and name not in load.bad_keys:
                 return True
     return False
+
+
+def assign_moves_buffer_to_parameters(example: Any) -> bool:
+    """``assign=True`` without swap, with a key given for a buffer slot that holds a
+    ``Parameter``: torch wraps the value as a ``Parameter`` (the slot's current object is one)
+    and ``setattr`` registers it as a parameter, so the buffer slot becomes a parameter slot."""
+    return not spec_fails(example) and _given_buffer_slots_holding_parameters(example)
+
+
+def assign_moves_buffer_before_failing(example: Any) -> bool:
+    """``assign_moves_buffer_to_parameters`` on a load that fails for another key: torch
+    writes every key it can before it raises (``writes_before_failing``)."""
+    return spec_fails(example) and _given_buffer_slots_holding_parameters(example)
 
 
 def step_assign_moves_buffer_to_parameters(example: Any) -> bool:

@@ -433,10 +433,10 @@ def _fresh(module: nn.Module) -> nn.Module:
     """A module built fresh in ``module``'s state: a deep copy, given copies of the grads
     (``Parameter.__deepcopy__`` leaves them out) and ``module``'s memory layout."""
     fresh = copy.deepcopy(module)
-    theirs = dict(fresh.named_parameters(remove_duplicate=False))
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if p.grad is not None and theirs[name].grad is None:
-            theirs[name].grad = p.grad.detach().clone()
+    theirs = named_tensors(fresh)
+    for name, t in named_tensors(module).items():  # a parameter in a buffer slot has one too
+        if t.grad is not None and theirs[name].grad is None:
+            theirs[name].grad = t.grad.detach().clone()
     copy_layout(module, fresh)
     return fresh
 
