@@ -284,3 +284,17 @@ def test_a_buffer_slot_holding_a_parameter_stays_a_buffer_slot() -> None:
     assert module.p1 is not module.b0 and torch.equal(module.p1.detach(), module.b0)
     assert not _violations(model, module, "untie")
     assert _forward_agrees(model, module)
+
+
+def test_a_parameter_left_in_buffer_slots_only_is_no_parameter_of_the_module() -> None:
+    """Rule: re-pointing a parameter slot away from a parameter a buffer slot also holds leaves
+    that object in the buffer slot only: ``requires_grad_`` no longer reaches it (torch's
+    ``parameters()`` does not list it), though it stays a ``Parameter``."""
+    model, module = _both(MIXED)
+    left = module.p1
+    _tie(model, module, "p1", "p0")
+    assert module._buffers["b0"] is left and left is not module.p1
+    module.requires_grad_(False)
+    model.requires_grad_(False)
+    assert left.requires_grad and type(left) is nn.Parameter
+    assert not _violations(model, module, "requires_grad_")

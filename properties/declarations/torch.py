@@ -459,8 +459,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m.register_buffer('a', torch.ones(2)); m.register_buffer('b', m.a); m.double(); "
         "assert m.a is m.b  # fails", id="torch.apply.rebinding-splits-tied-buffers"),
     Deviation(
-        ("APPLY-TIES", "APPLY-PARAMETER-IDENTITY"), splits_parameter_in_buffer_slot,
-        ("parameter-tie-split", "class"), reason=
+        "APPLY-TIES", splits_parameter_in_buffer_slot, "parameter-tie-split", reason=
         "A tensor registered as a parameter and as a buffer (register_buffer accepts a "
         "Parameter) is converted in each slot: _apply converts the parameter slot, then rebinds "
         "the buffer slot to fn of the tensor it meets there, so the buffer slot ends holding a "
@@ -493,7 +492,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.apply.splits-parameter-in-buffer-slot.",
         id="torch.seq.splits-parameter-in-buffer-slot"),
     Deviation(
-        ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", *SEQUENCE_IDS), buffer_carries_graph,
+        ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", "PARAMETRIZE-DEEPCOPY", *SEQUENCE_IDS),
+        buffer_carries_graph,
         ("raised", "before-hook-lost", "after-hook-lost", "stale-forward", "INV-WORKING",
          "grad-value", "requires-grad"), always=False, reason=
         "_apply rebinds buffers as `self._buffers[k] = fn(buf)` outside torch.no_grad(), so a "
@@ -504,7 +504,9 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "met before the parameter is swapped, into an AccumulateGrad node swap_tensors "
         "poisoned, so every backward through the buffer raises. The buffer keeps its graph "
         "through later steps (a sequence's requires_grad_, zero_grad and backward see a buffer "
-        "that requires grad). Whether it shows depends on whether forward reads the buffer. Found by module_trees' parameter-into-buffer ties; "
+        "that requires grad, and copy.deepcopy refuses the module: 'Only Tensors created "
+        "explicitly by the user (graph leaves) support the deepcopy protocol'). Whether it "
+        "shows depends on whether forward reads the buffer. Found by module_trees' parameter-into-buffer ties; "
         "torch 2.13.0. Repro: m = nn.Module(); m.a = nn.Module(); m.c = nn.Module(); "
         "m.c.p = nn.Parameter(torch.ones(2)); m.a.register_buffer('b', m.c.p); "
         "torch.__future__.set_swap_module_params_on_conversion(True); m.half(); "

@@ -511,10 +511,13 @@ class ModuleModel:
         return Prediction()
 
     def _drop_names(self, index: int, names: tuple[str, ...]) -> None:
-        """Tensor ``index`` no longer holds ``names``; left with none, it is forgotten."""
+        """Tensor ``index`` no longer holds ``names``; left with none, it is forgotten. A
+        parameter left in buffer slots only is no parameter of the module any more
+        (``parameters()`` and ``requires_grad_`` no longer reach it), though its class stays."""
         state = self.tensors[index]
-        self.tensors[index] = dataclasses.replace(
-            state, names=tuple(n for n in state.names if n not in names))
+        left = tuple(n for n in state.names if n not in names)
+        parameter = state.parameter and (not left or any(n not in self.buffer_names for n in left))
+        self.tensors[index] = dataclasses.replace(state, names=left, parameter=parameter)
         self.orphan_graph |= state.grad_graph and not self.tensors[index].names
         kept = [i for i, t in enumerate(self.tensors) if t.names]
         remap = {i: kept.index(i) if i in kept else None for i in range(len(self.tensors))}
