@@ -470,13 +470,13 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "assert m.b is m.p  # fails: m.b is a Tensor [3., 3.], m.p [2., 2.]",
         id="torch.apply.splits-parameter-in-buffer-slot"),
     Deviation(
-        ("APPLY-PARAMETER-IDENTITY", "APPLY-PATH"), splits_parameter_in_buffer_slot,
-        ("class", "attributes", "requires-grad", "path-swap", "path-set-data", "path-overwrite"),
-        always=False, reason=
+        ("APPLY-PARAMETER-IDENTITY", "APPLY-PATH", "APPLY-GRADS"), splits_parameter_in_buffer_slot,
+        ("class", "attributes", "requires-grad", "path-swap", "path-set-data", "path-overwrite",
+         "grad-lost", "grad-value"), always=False, reason=
         "What torch.apply.splits-parameter-in-buffer-slot leaves, seen name by name: the buffer "
         "slot's name no longer holds the parameter object (the path it took is not the "
-        "parameter's), and holds fn's plain result (class Tensor, no attributes, requires_grad "
-        "from fn's autograd record) or, on the overwrite path, the old object. It does not show "
+        "parameter's), and holds fn's plain result (class Tensor, no attributes, no grad, "
+        "requires_grad from fn's autograd record) or, on the overwrite path, the old object. It does not show "
         "in the class clause where fn returns a tensor subclass, whose class the property "
         "accepts. Torch 2.13.0. Repro: m = nn.Module(); m.p = nn.Parameter(torch.ones(2)); "
         "m.register_buffer('b', m.p); p = m.p; m._apply(lambda t: t + 1); "
