@@ -536,11 +536,12 @@ def non_idempotent_twice_on_grads(example: Example) -> bool:
     return _converts_result_again(example, with_grad)
 
 
-def torch_call_sites(example: Example) -> list[tuple[tuple[nn.Module, ...], Tensor]]:
+def torch_calls(example: Example) -> list[tuple[tuple[nn.Module, ...], Tensor, str]]:
     """Each call torch's ``_apply`` makes of ``fn``, in order, repeats included: the modules
     whose ``_apply`` is running at that call (the root first, the module that owns the tensor
-    last) and the tensor (a parameter, its grad right after it, or a buffer)."""
-    sites: list[tuple[tuple[nn.Module, ...], Tensor]] = []
+    last), the tensor, and the slot it is met in (``parameter``, ``grad`` right after its
+    parameter, or ``buffer``: a parameter held by a buffer slot is met there too)."""
+    calls: list[tuple[tuple[nn.Module, ...], Tensor, str]] = []
 
     def walk(m: nn.Module, running: tuple[nn.Module, ...]) -> None:
         running = (*running, m)
@@ -549,11 +550,18 @@ def torch_call_sites(example: Example) -> list[tuple[tuple[nn.Module, ...], Tens
                 walk(child, running)
         for p in m._parameters.values():
             if p is not None:
-                sites.extend([(running, p)] + ([(running, p.grad)] if p.grad is not None else []))
-        sites.extend((running, b) for b in m._buffers.values() if b is not None)
+                calls.append((running, p, "parameter"))
+                if p.grad is not None:
+                    calls.append((running, p.grad, "grad"))
+        calls.extend((running, b, "buffer") for b in m._buffers.values() if b is not None)
 
     walk(example.module, ())
-    return sites
+    return calls
+
+
+def torch_call_sites(example: Example) -> list[tuple[tuple[nn.Module, ...], Tensor]]:
+    """``torch_calls`` without the slot kinds."""
+    return [(running, t) for running, t, _ in torch_calls(example)]
 
 
 def torch_call_order(example: Example) -> list[Tensor]:
@@ -662,21 +670,22 @@ def _raises_on_swapped_grad(example: Example, order: list[Tensor],
 
 
 def _commit_shows(example: Example, t: Tensor, applied: Any,
-                  param_path: str | None = None) -> bool:
+                  param_path: str | None = None, buffer_slot: bool = False) -> bool:
     """Whether committing ``fn(t)`` is visible without reading TensorImpls: a new object in its
     slot, new metadata, or new values or class (for a tensor that holds values). Where ``fn``
     returned ``t`` itself only the overwrite path shows. A grad (``param_path``: its
     parameter's path) keeps its object on its parameter's swap path and where ``set_data``
-    takes it; a buffer is always rebound; a parameter is replaced on the overwrite path."""
+    takes it; a buffer slot (``buffer_slot``, a parameter in one too) is always rebound; a
+    parameter is replaced on the overwrite path."""
     if param_path is not None:  # a grad
         kept = param_path == "swap" or (torch._has_compatible_shallow_copy_type(t, applied)
                                         and not example.flags.overwrite)
         replaced = not kept
     else:
-        replaced = (not isinstance(t, nn.Parameter)
+        replaced = (buffer_slot or not isinstance(t, nn.Parameter)
                     or torch_path(example, t, applied) == "overwrite")
     if applied is t:
-        return replaced and isinstance(t, nn.Parameter)
+        return replaced and isinstance(t, nn.Parameter) and not buffer_slot
     if replaced or (t.dtype, t.shape, t.device) != (applied.dtype, applied.shape, applied.device):
         return True
     return holds_values(t) and not same_values(t, applied)
@@ -685,12 +694,10 @@ def _commit_shows(example: Example, t: Tensor, applied: Any,
 def _any_commit_shows(example: Example, committed: list[tuple[Tensor, Any]]) -> bool:
     """Whether any of ``committed`` (torch's call order, a grad right after its parameter)
     shows (``_commit_shows``)."""
+    kinds = [kind for _, _, kind in torch_calls(example)]
     for i, (t, applied) in enumerate(committed):
-        before = committed[i - 1] if i else None
-        is_grad = (before is not None and isinstance(before[0], nn.Parameter)
-                   and before[0].grad is t)
-        path = torch_path(example, *before) if is_grad else None
-        if _commit_shows(example, t, applied, path):
+        path = torch_path(example, *committed[i - 1]) if kinds[i] == "grad" else None
+        if _commit_shows(example, t, applied, path, buffer_slot=kinds[i] == "buffer"):
             return True
     return False
 
@@ -727,8 +734,8 @@ def _first_refusal(example: Example) -> int:
     """The index of the first call after which a swap is refused: the drawn refused tensor's,
     or one torch refuses on its own (``swap_refusal_positions``)."""
     drawn = id(example.refused_tensor())
-    order = torch_call_order(example)
-    return min([i for i, t in enumerate(order) if id(t) == drawn]
+    return min([i for i, (_, t, kind) in enumerate(torch_calls(example))
+                if id(t) == drawn and kind != "buffer"]  # a buffer slot is rebound, not swapped
                + swap_refusal_positions(example))
 
 
