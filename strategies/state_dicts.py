@@ -336,6 +336,8 @@ def _state_dicts(draw: Any, module: nn.Module, kinds: Sequence[str], invalid: bo
     bad: list[tuple[str, str]] = []
     failed: tuple[str, ...] = ()  # the keys of the failure, which later bad inputs leave alone
     if outcome == "fails":
+        # values that fit no slot leave only strict's reasons (an unexpected key)
+        strict = strict or not _fail_reasons(module, own, given, strict=False)
         reason, failed = _fail(draw, module, own, given, drawn, gen, strict)
         tags |= {f"fails: {reason}", *(["alias: different-values"] if reason == "conflict" else [])}
         bad += [(reason, failed[0])] if reason in INVALID_KINDS else []
