@@ -192,8 +192,9 @@ def module_trees(
 
     * ``max_depth``: deepest leaf (0: the root is a leaf). ``max_leaves``: leaves in the drawn tree (>= 1).
     * ``sharing``: allow the same submodule object under a second path (``ShareSpec``).
-    * ``ties``: allow tie groups (one tensor object in 2-4 slots, parameters or buffers), drawn in
-      ``tie_chance`` percent of the trees that have two compatible slots (default 55).
+    * ``ties``: allow tie groups (one tensor object in 2-4 slots, parameters or buffers, or a
+      parameter also in generic leaves' buffer slots), drawn in ``tie_chance`` percent of the
+      trees that have two compatible slots (default 55).
     * ``real_layers``: allow Linear/Conv1d/Conv2d/BatchNorm1d/LayerNorm/Embedding leaves; ``lazy``: LazyLinear
       (uninitialized or initialized at build time; float32 only).
     * ``grads``: allow parameters that carry a ``.grad``.

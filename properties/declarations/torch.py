@@ -492,7 +492,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "torch.apply.splits-parameter-in-buffer-slot.",
         id="torch.seq.splits-parameter-in-buffer-slot"),
     Deviation(
-        ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", "PARAMETRIZE-DEEPCOPY", *SEQUENCE_IDS),
+        ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", "PARAMETRIZE-DEEPCOPY", "CHECKPOINT-PICKLE",
+         *SEQUENCE_IDS),
         buffer_carries_graph,
         ("raised", "before-hook-lost", "after-hook-lost", "stale-forward", "INV-WORKING",
          "grad-value", "requires-grad"), always=False, reason=
@@ -504,7 +505,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "met before the parameter is swapped, into an AccumulateGrad node swap_tensors "
         "poisoned, so every backward through the buffer raises. The buffer keeps its graph "
         "through later steps (a sequence's requires_grad_, zero_grad and backward see a buffer "
-        "that requires grad, and copy.deepcopy refuses the module: 'Only Tensors created "
+        "that requires grad, and copy.deepcopy (and pickling) refuses the module: 'Only Tensors created "
         "explicitly by the user (graph leaves) support the deepcopy protocol'). Whether it "
         "shows depends on whether forward reads the buffer. Found by module_trees' parameter-into-buffer ties; "
         "torch 2.13.0. Repro: m = nn.Module(); m.a = nn.Module(); m.c = nn.Module(); "
