@@ -346,9 +346,7 @@ def split_tie_shares_grad(example: Example) -> bool:
     shared: off the overwrite path (``grad.data =``), or where ``fn`` returns it itself."""
     if torch_apply_raises(example):
         return False
-    held = _distinct_slots(example, "_parameters")
-    for key, n in _distinct_slots(example, "_buffers").items():  # a parameter in a buffer slot
-        held[key] = held.get(key, 0) + n
+    held = _summed(_distinct_slots(example, "_parameters"), _distinct_slots(example, "_buffers"))
     return any(torch_path(example, p, applied) != "overwrite" or _returns_itself(example, p.grad)
                for p, applied in _results(example, params_sharing_a_grad(example))) or any(
         held[id(p)] > 1 and p.grad is not None and torch_path(example, p, applied) == "overwrite"
@@ -391,10 +389,7 @@ def params_in_buffer_slots(example: Example) -> list[Tensor]:
 
 def _buffer_slot_first(example: Example, param: Tensor) -> bool:
     """torch's traversal meets ``param`` in a buffer slot before its parameter slot."""
-    for running, t in torch_call_sites(example):
-        if t is param:
-            return not any(t is p for p in running[-1]._parameters.values())
-    return False
+    return next((kind == "buffer" for _, t, kind in torch_calls(example) if t is param), False)
 
 
 def splits_parameter_in_buffer_slot(example: Example) -> bool:
@@ -485,10 +480,13 @@ def _slot_counts(example: Example, registry: str) -> dict[int, int]:
 def _met_counts(example: Example) -> dict[int, int]:
     """How many times torch's traversal meets each tensor, in parameter and buffer slots
     together (a parameter tied into a buffer slot is met in both)."""
-    counts = _slot_counts(example, "_parameters")
-    for key, n in _slot_counts(example, "_buffers").items():
-        counts[key] = counts.get(key, 0) + n
-    return counts
+    return _summed(_slot_counts(example, "_parameters"), _slot_counts(example, "_buffers"))
+
+
+def _summed(params: dict[int, int], buffers: dict[int, int]) -> dict[int, int]:
+    """Per-tensor counts of parameter and buffer slots added (a parameter in a buffer slot is
+    counted in both)."""
+    return {key: params.get(key, 0) + buffers.get(key, 0) for key in {*params, *buffers}}
 
 
 def converts_some_tensor_twice(example: Example) -> bool:
