@@ -108,6 +108,11 @@ def apply(
        TensorImpl with that node, so a refusal found after an earlier swap would leave a
        parameter whose next backward fails for as long as a graph holds the node. A parameter
        (or grad) that ``swap_tensors`` would refuse is refused before anything changes.
+    14. Inference mode: the conversion and its commit run with inference mode off
+       (``torch.inference_mode(False)``), so what a conversion leaves in the slots is never an
+       inference tensor made by it: a module outlives the mode it was converted under, and
+       later trains (an inference tensor in a parameter never accumulates a grad, and one in
+       a buffer refuses a training forward's in-place update).
     """
     overwrite = get_overwrite_module_params_on_conversion() if overwrite is None else overwrite
     swap = get_swap_module_params_on_conversion() if swap is None else swap
@@ -119,6 +124,13 @@ def apply(
 
 def _convert_and_commit(fn: Callable[[Tensor], Tensor], modules: list[nn.Module],
                         overwrite: bool, swap: bool) -> None:
+    """Rules 3-8 and 14: the conversion itself, atomic, with inference mode off."""
+    with torch.inference_mode(False):
+        _convert_and_commit_normal(fn, modules, overwrite, swap)
+
+
+def _convert_and_commit_normal(fn: Callable[[Tensor], Tensor], modules: list[nn.Module],
+                               overwrite: bool, swap: bool) -> None:
     """Rules 3-8: the conversion itself, atomic."""
     params = _collect(modules, "_parameters")
     buffers = _collect(modules, "_buffers")

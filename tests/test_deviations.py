@@ -1443,3 +1443,42 @@ def test_a_parameter_in_a_buffer_slot_is_split_exactly_when_torch_splits_it(orde
     assert split == (holder.b is not owner.p), f"predicted split {split}; torch: {holder.b is not owner.p}"
     assert graph == (holder.b.grad_fn is not None), (
         f"predicted a graph {graph}; torch's buffer slot holds grad_fn {holder.b.grad_fn}")
+
+
+@pytest.mark.parametrize("flags", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("name", ["double()", "add(1)", "float()"])
+def test_a_conversion_under_inference_mode_leaves_inference_tensors_exactly_where_torch_does(name, flags):
+    """``torch.seq.conversion-under-inference-mode``: ``holds_inference_tensors`` is false on a
+    module built outside inference mode, and after torch's ``_apply`` under
+    ``torch.inference_mode()`` it is true exactly where torch left an inference tensor in a slot,
+    which then never accumulates a grad; after the reference's conversion it is false."""
+    from swapspec import reference
+    from swapspec.properties.declarations.torch_apply import holds_inference_tensors
+    from swapspec.properties.models.apply_state import conversion_named
+    from swapspec.properties.models.examples import Example
+
+    conversion = conversion_named(name)
+    overwrite, swap = flags
+    built = [torch.nn.Linear(2, 2) for _ in range(2)]
+    assert not holds_inference_tensors(Example(built[0]))
+    saved = (torch.__future__.get_overwrite_module_params_on_conversion(),
+             torch.__future__.get_swap_module_params_on_conversion())
+    torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    torch.__future__.set_swap_module_params_on_conversion(swap)
+    try:
+        with torch.inference_mode():
+            built[0]._apply(conversion.make_fn())
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(saved[0])
+        torch.__future__.set_swap_module_params_on_conversion(saved[1])
+    with torch.inference_mode():
+        reference.apply(built[1], conversion.make_fn(), overwrite=overwrite, swap=swap)
+    torch_module, reference_module = built
+    left = any(p.is_inference() for p in torch_module.parameters())
+    assert holds_inference_tensors(Example(torch_module)) == left
+    assert left == (name != "float()"), f"torch left inference tensors: {left}"  # float() of float32 is t itself
+    assert not holds_inference_tensors(Example(reference_module))
+    for module in built:
+        module(torch.ones(1, 2, dtype=module.weight.dtype)).sum().backward()
+    assert (torch_module.weight.grad is None) == left, "torch's inference parameter got a grad"
+    assert reference_module.weight.grad is not None

@@ -298,3 +298,27 @@ def test_a_parameter_left_in_buffer_slots_only_is_no_parameter_of_the_module() -
     model.requires_grad_(False)
     assert left.requires_grad and type(left) is nn.Parameter
     assert not _violations(model, module, "requires_grad_")
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_tie_into_a_buffer_slot_keeps_it_a_buffer_slot(persistent: bool) -> None:
+    """The tie step gives a buffer slot a ``Parameter`` object (one left in buffer slots by an
+    untie of its parameter slot) through ``register_buffer``: the slot stays a buffer of the
+    same persistence, holding that object; its repro line does the same in plain torch."""
+    from swapspec.properties.harness.sequence_repro import tie_lines
+    from swapspec.properties.rules.sequence_machine import tie_slot
+
+    def build() -> nn.Module:
+        m = nn.Module()
+        m.p = nn.Parameter(torch.ones(2))
+        m.register_buffer("b", torch.zeros(2), persistent=persistent)
+        return m
+
+    ours, by_repro = build(), build()
+    tie_slot(ours, "b", ours.p, persistent)
+    (line,) = tie_lines(("b",), "p", persistent)
+    named = lambda m: dict([*m.named_parameters(), *m.named_buffers()])  # noqa: E731
+    exec(line, {"module": by_repro, "named": named})
+    for m in (ours, by_repro):
+        assert m.b is m.p and "b" in m._buffers and "b" not in m._parameters
+        assert ("b" in m.state_dict()) == persistent

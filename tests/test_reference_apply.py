@@ -709,3 +709,18 @@ def test_put_grad_sets_a_grad_the_setter_refuses_and_keeps_the_data():
     assert p.grad is grad and p.dtype == torch.float64 and p.data.data_ptr() == data.data_ptr()
     put_grad(p, None)
     assert p.grad is None
+
+
+@flag_settings
+@pytest.mark.parametrize("make", [linear, lambda: nn.BatchNorm1d(3)], ids=["linear", "batchnorm"])
+def test_a_conversion_under_inference_mode_leaves_a_module_that_trains(overwrite, swap, make):
+    """Rule 14: under ``torch.inference_mode()`` the conversion makes no inference tensor, so
+    outside it every parameter accumulates a grad and a training forward updates buffers."""
+    module = make()
+    with torch.inference_mode():
+        reference.apply(module, double, overwrite=overwrite, swap=swap)
+    tensors = [*module.parameters(), *module.buffers()]
+    assert not any(t.is_inference() for t in tensors), [t.is_inference() for t in tensors]
+    module.train()
+    module(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    assert all(p.grad is not None for p in module.parameters())

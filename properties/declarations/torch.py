@@ -25,6 +25,7 @@ from swapspec.properties.declarations.torch_apply import (
     drops_parameter_class,
     grad_dtype_refused_midway,
     graph_grad_not_leaf,
+    holds_inference_tensors,
     hooks_beside_a_split_parameter,
     loses_tensor_hooks,
     loses_tensor_hooks_unless_norm_raises,
@@ -491,6 +492,24 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "requires_grad from fn's autograd record). Torch 2.13.0. Repro: as "
         "torch.apply.splits-parameter-in-buffer-slot.",
         id="torch.seq.splits-parameter-in-buffer-slot"),
+    Deviation(
+        SEQUENCE_IDS, holds_inference_tensors,
+        ("raised", "INV-RAISE-UNCHANGED", "INV-WORKING", "value", "requires-grad", "grad-lost",
+         "grad-value", "hook-count", "output", "stale-forward", "optimizer-stale"),
+        always=False, reason=
+        "_apply calls fn inside whatever mode its caller runs in, so a conversion under "
+        "torch.inference_mode() (serving code converting a loaded model) leaves inference "
+        "tensors in the module's parameters (through .data =, a new Parameter or swap_tensors) "
+        "and buffers, while every parameter still says requires_grad=True. Outside the mode "
+        "the module no longer trains: a backward never accumulates a grad into such a "
+        "parameter (silently: the grad stays None), a forward that saves one for backward or "
+        "updates a buffer in place (BatchNorm in training) raises, and requires_grad_(True) "
+        "raises 'Setting requires_grad=True on inference tensor outside InferenceMode is not "
+        "allowed' partway through the module. What shows depends on the later steps. Torch "
+        "2.13.0. Repro: m = nn.Linear(2, 2)\nwith torch.inference_mode(): m.double()\n"
+        "m(torch.ones(1, 2, dtype=torch.float64)).sum().backward(); m.weight.grad  # None; "
+        "m.weight.requires_grad  # True; m.weight.is_inference()  # True",
+        id="torch.seq.conversion-under-inference-mode"),
     Deviation(
         ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", "PARAMETRIZE-DEEPCOPY", "CHECKPOINT-PICKLE",
          *SEQUENCE_IDS),

@@ -440,6 +440,15 @@ def buffer_carries_graph(example: Example) -> bool:
     return converting and example.conversion is not None and buffer_slot_keeps_graph(example)
 
 
+def holds_inference_tensors(example: Example) -> bool:
+    """A parameter, grad or buffer in scope is an inference tensor: what torch's conversion
+    under ``torch.inference_mode()`` leaves behind (``fn``'s results made in that mode), kept
+    through every later step until a slot is given another tensor."""
+    params = _params(example)
+    grads = [p.grad for p in params if p.grad is not None]
+    return any(t.is_inference() for t in (*params, *grads, *_buffers(example)))
+
+
 def step_splits_parameter_in_buffer_slot(example: Example) -> bool:
     """A sequence's conversion step where ``splits_parameter_in_buffer_slot`` holds."""
     return getattr(example, "step", "") == "convert" and splits_parameter_in_buffer_slot(example)

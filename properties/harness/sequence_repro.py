@@ -142,10 +142,14 @@ def vmap_lines(target: Any, tensors: dict[str, Tensor]) -> list[str]:
          f"in_dims=(0, None))({given}, x.clone())"])]
 
 
-def tie_lines(names: tuple[str, ...], source: str) -> list[str]:
-    """``setattr`` of one slot (by its first name) to the tensor the module holds at ``source``."""
+def tie_lines(names: tuple[str, ...], source: str, persistent: bool | None = None) -> list[str]:
+    """One slot (by its first name) given the tensor the module holds at ``source``: ``setattr``
+    for a parameter slot, ``register_buffer`` (with the slot's ``persistent``) for a buffer slot."""
     prefix, _, key = names[0].rpartition(".")
-    return [f"setattr(module.get_submodule({prefix!r}), {key!r}, named(module)[{source!r}])"]
+    owner, value = f"module.get_submodule({prefix!r})", f"named(module)[{source!r}]"
+    if persistent is None:
+        return [f"setattr({owner}, {key!r}, {value})"]
+    return [f"{owner}.register_buffer({key!r}, {value}, persistent={persistent})"]
 
 
 def untie_lines(names: tuple[str, ...], parameter: bool) -> list[str]:

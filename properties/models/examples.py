@@ -398,8 +398,10 @@ def _same_parts(a: Tensor, b: Tensor) -> bool:
 @dataclass
 class StepExample(Example):
     """A step's example, as deviation predicates see it: the module before the step, the
-    step's conversion, flags or call, ``step`` (the rule's name) and ``graph_held`` (an
-    earlier step holds a forward's output with its autograd graph)."""
+    step's conversion, flags or call, ``step`` (the rule's name), ``graph_held`` (an
+    earlier step holds a forward's output with its autograd graph) and ``inference`` (the
+    step runs under ``torch.inference_mode()``)."""
 
     step: str = ""
     graph_held: bool = False
+    inference: bool = False

@@ -19,8 +19,9 @@ module from the tree strategy; each later step is one rule, drawn with its argum
   (a forward's output held with its graph, or released),
   ``state_dict_round_trip`` (torch's own ``state_dict``/``load_state_dict``) and ``deepcopy``.
 
-Conversions and loads run under the default dtype the build drew (torch's, or float64) and the
-torch mode it drew (``MODE_CHOICES``: a pass-through function or dispatch mode, or none), and
+Conversions and loads run under the default dtype the build drew (torch's, or float64), the
+torch mode it drew (``MODE_CHOICES``: a pass-through function or dispatch mode, or none) and,
+in a quarter of the lives, under ``torch.inference_mode()`` (``INFERENCE_CHOICES``), and
 every step under the global module hooks it drew (``GLOBAL_HOOKS``: forward, full backward or
 non-full backward hooks that do nothing, or none).
 
@@ -223,6 +224,14 @@ DEFAULT_DTYPES = (torch.float32, torch.float64)
 MODE_CHOICES = (None, None, *MODES)
 
 
+# Whether a life runs the target's conversions and loads under ``torch.inference_mode()``, drawn
+# at the build (in a quarter of the lives), as serving code that converts a loaded model inside
+# its inference block does; the rest of the life (training steps included) runs outside it. The
+# spec's conversion leaves no inference tensor behind (``reference.apply``, rule 14), so the
+# model predicts the same as without it.
+INFERENCE_CHOICES = (False, False, False, True)
+
+
 # Global module hooks a life runs under, drawn at the build (none in half the lives): each kind's
 # ``torch.nn.modules.module`` registration functions, each given a hook that does nothing. They
 # fire for every module's call (the model's fresh builds too); full backward hooks wrap every
@@ -236,6 +245,16 @@ GLOBAL_HOOKS = {
     "backward": ("register_module_backward_hook",),
 }
 GLOBAL_HOOK_CHOICES = (None, None, None, *GLOBAL_HOOKS)
+
+
+def tie_slot(owner: nn.Module, key: str, tensor: Tensor, persistent: bool | None) -> None:
+    """Give ``owner``'s slot ``key`` the tensor ``tensor``: ``setattr`` for a parameter slot
+    (``persistent`` None), ``register_buffer`` for a buffer slot, which keeps it a buffer slot
+    even where ``tensor`` is a ``Parameter`` (``setattr`` would make it a parameter slot)."""
+    if persistent is None:
+        setattr(owner, key, tensor)
+    else:
+        owner.register_buffer(key, tensor, persistent=persistent)
 
 
 def no_op_hook(*args: Any) -> None:
@@ -383,12 +402,13 @@ class SequenceMachine(RuleBasedStateMachine):
     @initialize(module=trees, inputs=forward_inputs(), palette=palettes,
                 dtype=st.sampled_from(DEFAULT_DTYPES),
                 global_hooks=st.sampled_from(GLOBAL_HOOK_CHOICES),
-                mode=st.sampled_from(MODE_CHOICES))
+                mode=st.sampled_from(MODE_CHOICES),
+                inference=st.sampled_from(INFERENCE_CHOICES))
     def build(self, module: nn.Module, inputs: tuple[Tensor], palette: list[Any],
               dtype: torch.dtype = torch.float32, global_hooks: str | None = None,
-              mode: str | None = None) -> None:
+              mode: str | None = None, inference: bool = False) -> None:
         self.module, (self.x,), self.palette = module, inputs, palette
-        self.default_dtype, self.mode = dtype, mode
+        self.default_dtype, self.mode, self.inference = dtype, mode, inference
         self.global_hooks = global_hooks
         registrations = GLOBAL_HOOKS.get(global_hooks, ())
         for registration in registrations:
@@ -416,13 +436,13 @@ class SequenceMachine(RuleBasedStateMachine):
     @while_judged
     def convert(self, data: st.DataObject, flags: Any) -> None:
         conversion = data.draw(st.sampled_from(self.palette), label="conversion")
-        check = self.begin("convert", conversion=conversion, flags=flags)
+        check = self.begin("convert", conversion=conversion, flags=flags, inference=self.inference)
         before = self.model.snapshot()
         open_values = not conversion.preserves_values
         with default_dtype(self.default_dtype):
             prediction = self.model.convert(conversion.make_fn, flags.overwrite, flags.swap,
                                             conversion.preserves_values)
-            with defined_empty_memory(open_values), active_mode(self.mode):
+            with defined_empty_memory(open_values), self.process_state():
                 outcome = attempt(lambda: self.target.apply(
                     self.module, conversion.make_fn(), overwrite=flags.overwrite, swap=flags.swap)
                     if conversion.call is None else
@@ -502,10 +522,11 @@ class SequenceMachine(RuleBasedStateMachine):
         """Tie a slot to another tensor as users do (``decoder.weight = encoder.weight``:
         ``setattr(owner, key, tensor)``), or untie one slot of a tie (its own copy: a new
         ``nn.Parameter`` of the same values and ``requires_grad``, a buffer slot's
-        ``detach().clone()``, also where it holds a parameter). A tie joins slots of one kind (parameters, or buffers: a
-        Parameter set on a buffer's key would make it a parameter) whose tensors have one
-        dtype, device and shape, so the module's forward still runs. A slot is one (module,
-        key): re-pointing a shared submodule's slot re-points all its paths."""
+        ``detach().clone()``, also where it holds a parameter). A tie joins slots of one kind
+        (parameters, or buffers: ``register_buffer``, since a Parameter set on a buffer's key
+        would make it a parameter) whose tensors have one dtype, device and shape, so the
+        module's forward still runs. A slot is one (module, key): re-pointing a shared
+        submodule's slot re-points all its paths."""
         model = self.model
         kinds = [k for k, choices in (("tie", model.tie_choices()),
                                       ("untie", model.untie_choices())) if choices]
@@ -515,8 +536,11 @@ class SequenceMachine(RuleBasedStateMachine):
             source = model.tensors[index].names[0]
             check = self.begin("tie")
             owner, key = slot_owner(self.module, names[0])
-            outcome = attempt(lambda: setattr(owner, key, named_tensors(self.module)[source]))
-            prediction, lines = model.tie(names, index), repro.tie_lines(names, source)
+            persistent = (key not in owner._non_persistent_buffers_set
+                          if names[0] in model.buffer_names else None)
+            outcome = attempt(lambda: tie_slot(owner, key, named_tensors(self.module)[source],
+                                               persistent))
+            prediction, lines = model.tie(names, index), repro.tie_lines(names, source, persistent)
         else:
             names = data.draw(st.sampled_from(model.untie_choices()), label="slot")
             parameter = names[0] not in model.buffer_names
@@ -539,12 +563,12 @@ class SequenceMachine(RuleBasedStateMachine):
         state_dict, values, bad = self.load_values(kind, data)
         load = LoadInput(state_dict, strict=True, assign=assign, swap=swap,
                          invalid=("wrong-shape",) if bad else (), bad_keys=bad)
-        check = self.begin("load_state_dict", load=load)
+        check = self.begin("load_state_dict", load=load, inference=self.inference)
         before = self.model.snapshot()
         with default_dtype(self.default_dtype):
             prediction = (Prediction(error=RuntimeError) if bad else
                           self.model.load(values, assign=assign, swap=swap, own=kind == "own"))
-            with active_mode(self.mode):
+            with self.process_state():
                 outcome = attempt(lambda: self.target.load_state_dict(
                     self.module, state_dict, strict=True, assign=assign, swap=swap))
         if prediction.may_refuse and isinstance(outcome.error, RuntimeError):
@@ -554,9 +578,20 @@ class SequenceMachine(RuleBasedStateMachine):
             repro.load_lines(self.target, kind, state_dict, assign, swap)))
         self.stop_checking_lost_hooks(check)
 
+    def process_state(self) -> contextlib.AbstractContextManager:
+        """The life's torch mode and inference mode, entered around a conversion or a load (the
+        default dtype is entered separately: the model's prediction runs under it too)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(active_mode(self.mode))
+        if self.inference:
+            stack.enter_context(torch.inference_mode())
+        return stack
+
     def under_process_state(self, lines: list[str]) -> list[str]:
-        """A conversion's or load's repro lines, run under the life's mode (if any) and its
-        default dtype where it is not torch's."""
+        """A conversion's or load's repro lines, run under the life's inference mode and torch
+        mode (if any) and its default dtype where it is not torch's."""
+        if self.inference:
+            lines = ["with torch.inference_mode():", *(f"    {line}" for line in lines)]
         if self.mode is not None:
             mode = MODE_CLASSES[self.mode].__name__
             lines = [f"from swapspec.strategies.modes import {mode}", f"with {mode}():",

@@ -19,8 +19,9 @@ from swapspec.strategies.reach import frequencies, table
 def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
     """For ``n`` derandomized sequences of ``properties.rules.sequence_machine`` run on the reference:
     the set of steps each sequence ran (rule names, ``train``/``checkpoint`` by their kind, and
-    ``default dtype: <dtype>``, ``global hooks: <kind>`` and ``mode: <kind>``, drawn at its build) and each
-    sequence's length (steps after the build)."""
+    ``default dtype: <dtype>``, ``global hooks: <kind>`` and ``mode: <kind>``, drawn at its build,
+    and ``inference mode: convert`` / ``inference mode: load_state_dict`` where the life ran that
+    step under ``torch.inference_mode()``) and each sequence's length (steps after the build)."""
     from hypothesis import HealthCheck as Checks
 
     from swapspec.properties.harness.targets import builtin_target
@@ -47,8 +48,10 @@ def sequence_reach(n: int) -> tuple[list[frozenset[str]], list[int]]:
             super().teardown()
             dtype = str(self.default_dtype).removeprefix("torch.")
             hooks = {f"global hooks: {self.global_hooks}"}
+            inference = ({f"inference mode: {step}" for step in ("convert", "load_state_dict")
+                          if step in self.ran} if self.inference else set())
             seen.append(frozenset(self.ran) - {"build"} | {f"default dtype: {dtype}"} | hooks
-                        | {f"mode: {self.mode}"})
+                        | {f"mode: {self.mode}"} | inference)
             lengths.append(len(self.ran) - 1)
 
     run_sequences(builtin_target("reference"), STATE, Recording, settings(
