@@ -63,7 +63,9 @@ def load_state_dict(
        - copy: ``slot.copy_(value)`` under ``no_grad``; object, ``_cdata`` and class stay.
        - assign: the slot gets ``value``, wrapped as ``nn.Parameter(value, requires_grad=...)``
          for a parameter slot unless it is a Parameter (whose ``requires_grad`` is then set to
-         the slot's); the class and attributes are the value's (torch's documentation).
+         the slot's); the class and attributes are the value's (torch's documentation). A
+         Parameter object that only buffer slots hold is a buffer: its slots get ``value``
+         itself (*spec*: torch wraps it and registers it as a parameter).
        - With ``assign`` (with or without swap), a value that is the slot's own data (the slot
          itself, or a detached alias with its dtype, shape, strides and offset, as
          ``state_dict()`` gives) leaves the slot as it is (*spec*: torch puts in a new
@@ -389,8 +391,9 @@ class _Load:
         return tensor
 
     def _as_slot_value(self, tensor: Tensor, value: Tensor) -> Tensor:
-        """Rule 4's assign: the value itself, or wrapped as a Parameter for a parameter slot."""
-        if not isinstance(tensor, nn.Parameter):
+        """Rule 4's assign: the value itself, or wrapped as a Parameter for a parameter slot
+        (a Parameter object that only buffer slots hold is a buffer)."""
+        if not isinstance(tensor, nn.Parameter) or not self._in_a_parameter_slot(tensor):
             return value
         if not isinstance(value, nn.Parameter):
             return nn.Parameter(value, requires_grad=tensor.requires_grad)
@@ -398,6 +401,11 @@ class _Load:
         value.requires_grad_(tensor.requires_grad)
         self.undo_log.append(lambda: value.requires_grad_(old))
         return value
+
+    def _in_a_parameter_slot(self, tensor: Tensor) -> bool:
+        """Whether some parameter slot of the tree holds ``tensor``."""
+        return any(held is tensor for owner in _distinct_modules(self.root)
+                   for held in owner._parameters.values())
 
     def _rebind_everywhere(self, tensor: Tensor, new: Tensor) -> None:
         """Rule 6: every slot of the tree holding ``tensor`` gets ``new`` (undone by rule 8)."""

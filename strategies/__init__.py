@@ -22,7 +22,14 @@ from swapspec.strategies.conversions import (
 from swapspec.strategies.devices import detected_devices, xla_device
 from swapspec.strategies.host_leaves import HostModule
 from swapspec.strategies.host_modules import host_trees
-from swapspec.strategies.modules import BATCH, FEATURES, ForwardError, Observation, TaggedParameter
+from swapspec.strategies.modules import (
+    BATCH,
+    FEATURES,
+    ForwardError,
+    Observation,
+    SelfLoadingParameter,
+    TaggedParameter,
+)
 from swapspec.strategies.state_dicts import LoadInput, state_dicts
 from swapspec.strategies.tree_draws import module_trees, tree_specs
 from swapspec.strategies.trees import TreeInfo, TreeSpec, build_tree, tree_info
@@ -40,6 +47,7 @@ __all__ = [
     "LoadInput",
     "ModuleConversion",
     "Observation",
+    "SelfLoadingParameter",
     "TaggedParameter",
     "TreeInfo",
     "TreeSpec",

@@ -38,6 +38,17 @@ class TaggedParameter(nn.Parameter):
         return p
 
 
+class SelfLoadingParameter(TaggedParameter):
+    """A ``TaggedParameter`` with its own ``Tensor.module_load``, as a subclass that must keep
+    itself through a swap-path load writes one (the hook torch documents for it): the loaded
+    tensor is torch's default result, given back as this class with this parameter's ``tag``
+    and ``requires_grad``."""
+
+    def module_load(self, other: Tensor, assign: bool = False) -> Tensor:
+        loaded = super().module_load(other, assign=assign)
+        return type(self)(loaded, self.requires_grad, tag=self.tag)
+
+
 class Observation(NamedTuple):
     """What a reporting leaf saw during one forward call (appended to ``kwargs['report']``)."""
 

@@ -87,7 +87,8 @@ def _tensor_tags(t: TensorSpec) -> set[str]:
     if t.buffer and not t.persistent:
         tags.add("non-persistent-buffer")
     if not t.buffer:
-        tags |= {n for n, on in (("frozen-parameter", t.frozen), ("parameter-grad", t.grad), ("parameter-subclass", t.tagged)) if on}
+        tags |= {n for n, on in (("frozen-parameter", t.frozen), ("parameter-grad", t.grad), ("parameter-subclass", t.tagged),
+                                 ("parameter-own-module-load", t.tagged and t.loads_itself)) if on}
     return tags
 
 

@@ -45,10 +45,9 @@ def _tensor(draw: Draw, o: TreeOptions, name: str, buffer: bool) -> TensorSpec:
         return TensorSpec(name, shape, dtype, buffer=buffer, none=True)
     if buffer:
         return TensorSpec(name, shape, dtype, buffer=True, persistent=not coin(draw, 25))
-    return TensorSpec(
-        name, shape, dtype,
-        frozen=coin(draw, 15), grad=o.grads and coin(draw, 20), tagged=coin(draw, 12),
-    )
+    frozen, grad, tagged = coin(draw, 15), o.grads and coin(draw, 20), coin(draw, 12)
+    return TensorSpec(name, shape, dtype, frozen=frozen, grad=grad, tagged=tagged,
+                      loads_itself=tagged and coin(draw, 50))
 
 
 def _generic(draw: Draw, o: TreeOptions) -> LeafSpec:

@@ -67,7 +67,9 @@ class TensorSpec(_Spec):
     """One slot of a generic leaf: a parameter (``buffer=False``) or a buffer.
 
     ``none``: registered as ``None``. Parameters: ``frozen`` means ``requires_grad=False``, ``grad`` attaches a
-    ``.grad`` of the same shape/dtype, ``tagged`` makes it a :class:`~strategies.modules.TaggedParameter`.
+    ``.grad`` of the same shape/dtype, ``tagged`` makes it a :class:`~strategies.modules.TaggedParameter`,
+    and ``loads_itself`` (with ``tagged``) a :class:`~strategies.modules.SelfLoadingParameter`
+    (its own ``module_load``).
     Buffers: ``persistent=False`` keeps it out of ``state_dict()``.
     """
 
@@ -80,6 +82,7 @@ class TensorSpec(_Spec):
     grad: bool = False
     tagged: bool = False
     persistent: bool = True
+    loads_itself: bool = False
 
 
 @dataclass(frozen=True, repr=False)

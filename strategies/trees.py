@@ -122,8 +122,13 @@ def slot_values(names: Collection[str], shape: tuple[int, ...], dtype: str,
     return values
 
 
-def _make_param(data: Tensor, *, frozen: bool, grad: bool, tagged: bool, tag: str, gen: torch.Generator) -> nn.Parameter:
-    p = M.TaggedParameter(data, not frozen, tag) if tagged else nn.Parameter(data, requires_grad=not frozen)
+def _make_param(data: Tensor, *, frozen: bool, grad: bool, tagged: bool, tag: str, gen: torch.Generator,
+                loads_itself: bool = False) -> nn.Parameter:
+    if tagged:
+        cls = M.SelfLoadingParameter if loads_itself else M.TaggedParameter
+        p = cls(data, not frozen, tag)
+    else:
+        p = nn.Parameter(data, requires_grad=not frozen)
     if grad:
         p.grad = tensor_values(tuple(data.shape), _dtype_name(data.dtype), gen)
     return p
@@ -144,7 +149,8 @@ def _build_generic(spec: LeafSpec, path: str, gen: torch.Generator) -> nn.Module
             leaf.register_buffer(t.name, data, persistent=t.persistent)
         else:
             tag = f"tag:{join(path, t.name)}"
-            leaf.register_parameter(t.name, _make_param(data, frozen=t.frozen, grad=t.grad, tagged=t.tagged, tag=tag, gen=gen))
+            leaf.register_parameter(t.name, _make_param(data, frozen=t.frozen, grad=t.grad, tagged=t.tagged, tag=tag,
+                                                            gen=gen, loads_itself=t.loads_itself))
     if "inplace" in spec.behaviours:
         leaf.register_buffer("steps", torch.zeros(1))
     if "rebind" in spec.behaviours:

@@ -338,3 +338,22 @@ def test_rule6_tied_values_are_compared_as_given_not_as_written_since():
     assert load(module, given) == ([], [])
     assert torch.equal(module.a.t.detach(), torch.tensor([1.0, 2.0]))
     assert module.a.t is module.b.t and torch.equal(module.first.p.detach(), given["first.p"])
+
+
+@pytest.mark.parametrize("holders", ["parameter-and-buffer", "buffer-only"])
+def test_rule4_assign_wraps_a_parameter_object_only_where_a_parameter_slot_holds_it(holders):
+    """Rule 4's assign: a Parameter object that a parameter slot holds (tied into a buffer slot
+    too) is given back as a Parameter in every slot; one that only a buffer slot holds (its
+    parameter slot re-pointed since) is a buffer: the slot gets the value itself, as a buffer."""
+    m = nn.Module()
+    m.p = nn.Parameter(torch.ones(2))
+    m.register_buffer("b", m.p)
+    if holders == "buffer-only":
+        m.p = nn.Parameter(torch.zeros(2))
+    value = torch.full((2,), 3.0)
+    reference.load_state_dict(m, {"p": torch.full((2,), 3.0), "b": value}, assign=True)
+    assert "b" in m._buffers and "b" not in m._parameters
+    if holders == "buffer-only":
+        assert m.b is value and type(m.b) is torch.Tensor
+    else:
+        assert m.b is m.p and type(m.p) is nn.Parameter and m.p.requires_grad

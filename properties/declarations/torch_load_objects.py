@@ -22,7 +22,7 @@ from swapspec.properties.declarations.torch_load_failures import (
     torch_writes,
     writes_before_failing,
 )
-from swapspec.properties.models.examples import named_tensors
+from swapspec.properties.models.examples import loads_itself, named_tensors
 from swapspec.properties.models.load_examples import (
     equal_values,
     expected_load_paths,
@@ -178,12 +178,20 @@ def _hookable(p: nn.Parameter) -> bool:
 def swap_loses_identity(example: Any) -> bool:
     """On the swap path torch swaps ``__class__`` and ``__dict__`` with a fresh
     ``Parameter(module_load(...))`` and the TensorImpl with its autograd meta: a parameter
-    subclass's class (without ``assign``), instance attributes, grad and hooks are lost."""
+    subclass's class (without ``assign``), instance attributes, grad and hooks are lost (the
+    class and attributes are kept by a class with its own ``module_load``: ``loads_itself``)."""
     load = example.load
     if not load.swap or swap_refused_by_torch(example):
         return False
-    return any(_hookable(p) or p.grad is not None or p.__dict__
-               or (not load.assign and type(p) is not nn.Parameter) for p in _params(example))
+    return any(_hookable(p) or p.grad is not None or _identity_lost(p, load.assign)
+               for p in _params(example))
+
+
+def _identity_lost(p: nn.Parameter, assign: bool) -> bool:
+    """A swap-path load loses ``p``'s instance attributes or (without ``assign``) its class."""
+    if loads_itself(p):
+        return False
+    return bool(p.__dict__) or (not assign and type(p) is not nn.Parameter)
 
 
 def swap_drops_written_identity(example: Any) -> bool:
@@ -194,8 +202,7 @@ def swap_drops_written_identity(example: Any) -> bool:
     if not load.swap or swap_refused_by_torch(example) or spec_fails(example):
         return False
     written = {id(slot): slot for _, slot, _ in torch_writes(example) if isinstance(slot, nn.Parameter)}
-    return any(p.grad is not None or p.__dict__ or (not load.assign and type(p) is not nn.Parameter)
-               for p in written.values())
+    return any(p.grad is not None or _identity_lost(p, load.assign) for p in written.values())
 
 
 def round_trip_swap_loses_identity(example: Any) -> bool:
@@ -206,7 +213,7 @@ def round_trip_swap_loses_identity(example: Any) -> bool:
     if not load.swap or swap_refused_by_torch(example) or _has_uninitialized(example):
         return False
     return any(p.grad is not None or (not is_traceable_wrapper_subclass(p)
-                                      and (p.__dict__ or type(p) is not nn.Parameter))
+                                      and _identity_lost(p, assign=False))
                for p in _params(example))
 
 

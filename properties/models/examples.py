@@ -333,6 +333,15 @@ def add_one_(t: Tensor) -> None:
             add_one_(part)
 
 
+def loads_itself(t: Tensor | type) -> bool:
+    """``t`` (or the class ``t``) is a ``Parameter`` subclass with its own ``module_load``: on the
+    swap path of a load, the class and instance attributes it ends with are what that method
+    gives, and the suite's one such class (``strategies.modules.SelfLoadingParameter``) keeps
+    both, which the models and declarations take as the rule for any such class."""
+    cls = t if isinstance(t, type) else type(t)
+    return issubclass(cls, nn.Parameter) and cls.module_load is not Tensor.module_load
+
+
 def dense_leaves(t: Tensor) -> list[Tensor]:
     """``t``, or the plain tensors a wrapper subclass (``TwoTensor``) holds, nested ones too."""
     if is_wrapper(t):

@@ -36,7 +36,12 @@ import torch
 from torch import Tensor, nn
 
 from swapspec.properties.models.apply_state import expected_path, same_metadata
-from swapspec.properties.models.examples import named_tensors, own_attributes, value_copy
+from swapspec.properties.models.examples import (
+    loads_itself,
+    named_tensors,
+    own_attributes,
+    value_copy,
+)
 from swapspec.properties.models.oracle import slot_of
 from swapspec.strategies.trees import TreeSpec, build_tree
 
@@ -409,7 +414,8 @@ class ModuleModel:
           whose hooks and optimizer entries are the old object's (no longer the module's);
         - swap (the flag): ``module_load`` then ``swap_tensors``: the object stays with its
           attributes, ``requires_grad``, hooks and optimizer entries; values as copy gives them
-          (``assign``: the value's dtype and device, class ``nn.Parameter``); the grad stays,
+          (``assign``: the value's dtype and device, class ``nn.Parameter`` unless the class
+          has its own ``module_load``: ``loads_itself``); the grad stays,
           ``.to`` the new dtype and device where they differ (then without a graph).
 
         Every name of a tie holds one object after. An error computing the values on the
@@ -450,8 +456,9 @@ class ModuleModel:
             grad, graph = state.grad, state.grad_graph
             if grad is not None and (grad.dtype, grad.device) != (value.dtype, value.device):
                 grad, graph = _copy(grad).to(dtype=value.dtype, device=value.device), False
+            kept = not state.parameter or loads_itself(state.cls)
             return dataclasses.replace(
-                state, cls=parameter_class(value) if state.parameter else state.cls,
+                state, cls=state.cls if kept else parameter_class(value),
                 value=_copy(value), grad=grad, grad_graph=graph)
 
     # ---- ties ------------------------------------------------------------------------

@@ -490,8 +490,8 @@ def wrapper_code(t: Tensor) -> str:
 
 def parameter_code(p: nn.Parameter) -> str:
     data = tensor_code(p.detach())
-    if type(p).__name__ == "TaggedParameter":
-        return f"TaggedParameter({data}, {p.requires_grad}, {p.tag!r})"
+    if type(p).__name__ in ("TaggedParameter", "SelfLoadingParameter"):
+        return f"{type(p).__name__}({data}, {p.requires_grad}, {p.tag!r})"
     return f"nn.Parameter({data}, requires_grad={p.requires_grad})"
 
 
