@@ -472,7 +472,7 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         id="torch.apply.splits-parameter-in-buffer-slot"),
     Deviation(
         ("APPLY-PARAMETER-IDENTITY", "APPLY-PATH", "APPLY-GRADS"), splits_parameter_in_buffer_slot,
-        ("class", "attributes", "requires-grad", "path-swap", "path-set-data", "path-overwrite",
+        ("class", "attributes", "requires-grad", "path-swap", "path-set_data", "path-overwrite",
          "grad-lost", "grad-value"), always=False, reason=
         "What torch.apply.splits-parameter-in-buffer-slot leaves, seen name by name: the buffer "
         "slot's name no longer holds the parameter object (the path it took is not the "

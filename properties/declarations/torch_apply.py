@@ -506,15 +506,17 @@ def converts_some_tensor_twice(example: Example) -> bool:
     return any(n > 1 for n in counts.values())
 
 
-def _converts_result_again(example: Example, tensors: list[Tensor]) -> bool:
+def _converts_result_again(example: Example, tensors: list[Tensor],
+                           met: dict[int, int] | None = None) -> bool:
     """Some tensor's second conversion is applied to its first result.
 
     That happens on the set_data and swap paths (the object itself changed) whenever the
-    tensor is met twice, and on every path when its module is visited twice.
+    tensor is met twice (``met``: the counts of the slots where it is converted, by default
+    ``_met_counts``), and on every path when its module is visited twice.
     """
     if torch_apply_raises(example):
         return False
-    met = _met_counts(example)
+    met = _met_counts(example) if met is None else met
     visits = torch_visits(example.module)
     twice_visited = {id(t) for m in _scope(example) if visits[id(m)] > 1
                      for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}
@@ -536,11 +538,13 @@ def non_idempotent_twice(example: Example) -> bool:
 
 
 def non_idempotent_twice_on_grads(example: Example) -> bool:
-    """``add(1)`` applied twice to a parameter whose grad holds values: the grad ends ``+2``."""
+    """``add(1)`` applied twice to a parameter whose grad holds values: the grad ends ``+2``.
+    A grad is converted where its parameter is met in a parameter slot only (a buffer slot
+    holding the parameter rebinds itself and leaves the grad alone)."""
     if example.conversion.name != "add(1)":
         return False
     with_grad = [p for p in _params(example) if p.grad is not None and holds_values(p.grad)]
-    return _converts_result_again(example, with_grad)
+    return _converts_result_again(example, with_grad, _slot_counts(example, "_parameters"))
 
 
 def torch_calls(example: Example) -> list[tuple[tuple[nn.Module, ...], Tensor, str]]:
