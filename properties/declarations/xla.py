@@ -20,7 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from swapspec.properties.declarations.torch_apply import torch_apply_raises_on_state
+from swapspec.properties.declarations.torch_apply import (
+    splits_parameter_in_buffer_slot,
+    torch_apply_raises_on_state,
+)
 from swapspec.properties.vocabulary import Deviation
 
 TORCH_XLA = ("2.9", "2.10")  # the torch releases the XLA leg was observed on
@@ -30,11 +33,13 @@ _PREFIX = ("Repro (PJRT_DEVICE=CPU; import torch, torch_xla; from torch import n
 
 
 def tied_buffer(module: nn.Module) -> bool:
-    """One buffer object registered in two distinct (module, key) slots (not a shared submodule)."""
+    """One buffer object registered in two distinct (module, key) slots (not a shared submodule);
+    a parameter held by buffer slots is a parameter's tie (``splits_parameter_in_buffer_slot``)."""
     seen: dict[int, tuple[int, str]] = {}
+    params = {id(p) for p in module.parameters()}
     for m in {id(m): m for m in module.modules()}.values():
         for key, b in m._buffers.items():
-            if b is None:
+            if b is None or id(b) in params:
                 continue
             if id(b) in seen and seen[id(b)] != (id(m), key):
                 return True
@@ -93,6 +98,26 @@ XLA_DEVIATIONS: tuple[Deviation, ...] = (
         ),
         torch_versions=TORCH_XLA,
         id="torch.xla.buffer-tie-split",
+    ),
+    Deviation(
+        ("XLA-STATE", "XLA-ROUND-TRIP"),
+        applies=splits_parameter_in_buffer_slot,
+        observed=("parameter-tie-split", "class", "grad"),
+        reason=(
+            "m.to(xla) splits a tensor registered as a parameter and as a buffer, as on one "
+            "device (torch.apply.splits-parameter-in-buffer-slot): the parameter slot takes "
+            "the parameter's path, the buffer slot is rebound to fn of the tensor it meets, a "
+            "new plain XLA tensor, so the buffer slot's name holds a Tensor where it held the "
+            "Parameter, and after a round trip back to the CPU it has no grad. It shows in the "
+            "grad clause only where the parameter had one.\n"
+            + _PREFIX
+            + "m = nn.Module(); m.p = nn.Parameter(torch.ones(2)); m.register_buffer('b', m.p)\n"
+            "m.to(xla)\n"
+            "assert m.b is m.p  # fails: m.b is a plain Tensor"
+        ),
+        torch_versions=TORCH_XLA,
+        always=False,
+        id="torch.xla.splits-parameter-in-buffer-slot",
     ),
     Deviation(
         "XLA-STATE",

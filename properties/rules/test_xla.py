@@ -62,14 +62,7 @@ pytestmark = pytest.mark.skipif(
 # (0,)-shaped plain tensor, which no conversion of a real model meets.
 
 
-def _no_parameter_in_a_buffer_slot(module: torch.nn.Module) -> bool:
-    """Whether no buffer slot holds a parameter: the XLA properties are not yet judged on such
-    trees (docs/known-gaps.md)."""
-    params = {id(p) for p in module.parameters()}
-    return not any(id(b) in params for b in module.buffers())
-
-
-trees = module_trees(lazy=False).filter(_no_parameter_in_a_buffer_slot)
+trees = module_trees(lazy=False)
 TO_XLA = conversion_named("to('xla')")
 xla_moves = st.sampled_from([TO_XLA, conversion_named("to('xla', torch.bfloat16)")])
 xla_dtype_changes = st.sampled_from([conversion_named(n) for n in (
