@@ -130,6 +130,9 @@ def load_state_dict(
        Other ``_apply`` overrides play no part in a load.
     10. Round trip (follows from 4-6): loading ``module.state_dict()`` back changes no slot
        object, class, value, tie or grad, whatever the flags and ``assign``.
+    11. Inference mode: the load runs with inference mode off (``torch.inference_mode(False)``),
+       as ``apply`` does (its rule 14): what it leaves in the slots is never an inference tensor
+       made by it, and a tensor subclass's ``module_load`` meets the ops it meets outside.
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
@@ -143,6 +146,14 @@ def load_state_dict(
 
 def _load_atomically(load: _Load, module: nn.Module, state_dict: Mapping[str, Any],
                      strict: bool) -> None:
+    """Rules 2-8 and 11: the traversal, the errors, and the rollback on any failure, with
+    inference mode off."""
+    with torch.inference_mode(False):
+        _load_atomically_normal(load, module, state_dict, strict)
+
+
+def _load_atomically_normal(load: _Load, module: nn.Module, state_dict: Mapping[str, Any],
+                            strict: bool) -> None:
     """Rules 2-8: the traversal, the errors, and the rollback on any failure."""
     snapshot = _Snapshot.of(module)
     try:

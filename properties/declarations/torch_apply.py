@@ -449,6 +449,18 @@ def holds_inference_tensors(example: Example) -> bool:
     return any(t.is_inference() for t in (*params, *grads, *_buffers(example)))
 
 
+def step_under_inference_mode(example: Example) -> bool:
+    """A sequence's conversion or load step run under ``torch.inference_mode()``."""
+    return (getattr(example, "step", "") in ("convert", "load_state_dict")
+            and getattr(example, "inference", False))
+
+
+def inference_mode_reaches_the_module(example: Example) -> bool:
+    """``step_under_inference_mode``, or the module holds inference tensors
+    (``holds_inference_tensors``) from such a step."""
+    return step_under_inference_mode(example) or holds_inference_tensors(example)
+
+
 def step_splits_parameter_in_buffer_slot(example: Example) -> bool:
     """A sequence's conversion step where ``splits_parameter_in_buffer_slot`` holds."""
     return getattr(example, "step", "") == "convert" and splits_parameter_in_buffer_slot(example)
