@@ -228,3 +228,18 @@ def test_rule8_a_load_failing_on_its_input_swaps_nothing_so_backward_still_runs(
     assert {name: p._cdata for name, p in module.named_parameters()} == impls
     assert_unchanged(before, module)
     module(torch.ones(1, 3)).sum().backward()
+
+
+def test_rule8_a_given_parameter_gets_its_requires_grad_back_when_a_later_hook_fails():
+    """Rule 4's assign sets a given Parameter's ``requires_grad`` to the slot's; a failure after
+    the writes (a post hook raising) rolls that back too: the caller's tensor is as it was."""
+    module = nn.Linear(2, 2)
+
+    def failing_hook(*_):
+        raise ValueError("post hook")
+
+    module.register_load_state_dict_post_hook(failing_hook)
+    given = {"weight": nn.Parameter(torch.ones(2, 2), requires_grad=False), "bias": torch.zeros(2)}
+    with pytest.raises(ValueError, match="post hook"):
+        load(module, given, assign=True)
+    assert not given["weight"].requires_grad and module.weight is not given["weight"]
