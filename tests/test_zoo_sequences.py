@@ -54,11 +54,8 @@ def sequence_catches(name: str, property_id: str) -> bool:
 def test_sequence_zoo_target_is_caught_by_a_sequence(name: str) -> None:
     """Rule: a SEQ property the module names in ``CAUGHT_BY`` fails."""
     zoo = zoo_module(name)
-    caught = []
-    for pid in sorted(zoo.CAUGHT_BY):
-        if sample_in_fresh_process("tests.test_zoo_sequences:sequence_catches", name, pid):
-            caught.append(pid)
-            break
+    caught = any(sample_in_fresh_process("tests.test_zoo_sequences:sequence_catches", name, pid)
+                 for pid in sorted(zoo.CAUGHT_BY))
     assert caught, f"{name}: no sequence of {sorted(zoo.CAUGHT_BY)} failed in {SEQUENCES} sequences"
 
 
