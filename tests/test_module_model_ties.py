@@ -17,7 +17,7 @@ from swapspec import reference
 from swapspec.properties.harness.targets import builtin_target
 from swapspec.properties.models.apply_state import conversion_named
 from swapspec.properties.models.examples import named_tensors
-from swapspec.properties.models.module_model import UNNAMED, ModuleModel
+from swapspec.properties.models.module_model import LR, UNNAMED, ModuleModel
 from swapspec.properties.rules.sequence_machine import (
     STATE,
     SequenceMachine,
@@ -322,3 +322,26 @@ def test_a_tie_into_a_buffer_slot_keeps_it_a_buffer_slot(persistent: bool) -> No
     for m in (ours, by_repro):
         assert m.b is m.p and "b" in m._buffers and "b" not in m._parameters
         assert ("b" in m.state_dict()) == persistent
+
+
+def test_a_parameter_left_in_buffer_slots_only_keeps_its_grad_for_the_optimizer() -> None:
+    """Rule: a ``Parameter`` object an untie leaves in buffer slots only is still the object
+    an optimizer holds, with its grad: a step updates the buffer slots, ``module.zero_grad``
+    does not reach its grad, and a forward reads the updated values."""
+    model, module = _both(MIXED)
+    left = module.p1
+    left.grad = torch.full_like(left, 0.5)
+    model.tensors[model.slots["p1"]].grad = torch.full_like(left.detach(), 0.5)
+    model.build_optimizer([model.slots["p1"]])
+    opt = torch.optim.SGD([left], lr=LR, foreach=False)
+    _untie(model, module, "p1")
+    assert module._buffers["b0"] is left and module.p1 is not left
+    assert _forward_agrees(model, module)
+    opt.step()
+    assert not model.optimizer_step().error
+    assert torch.equal(model.tensors[model.slots["b0"]].value, module.b0.detach())
+    assert _forward_agrees(model, module)
+    module.zero_grad()
+    model.zero_grad(set_to_none=True)
+    assert left.grad is not None
+    assert torch.equal(model.tensors[model.slots["b0"]].grad, left.grad)

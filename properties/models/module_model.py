@@ -171,7 +171,8 @@ class ModuleModel:
                 state.attributes = own_attributes(now) if state.parameter else {}
             if not state.values_known:
                 state.value = _copy(now)
-                state.grad = None if not state.parameter or now.grad is None else _copy(now.grad)
+                state.grad = None if now.grad is None or not isinstance(now, nn.Parameter) \
+                    else _copy(now.grad)
                 state.values_known = True
 
     def snapshot(self) -> ModuleModel:
@@ -190,7 +191,7 @@ class ModuleModel:
         objects: dict[int, Tensor] = {}
         for i, state in enumerate(self.tensors):
             value = _copy(state.value)
-            if state.parameter:
+            if holds_parameter_object(state):
                 value = nn.Parameter(value, requires_grad=state.requires_grad)
                 value.grad = None if state.grad is None else _copy(state.grad)
             objects[i] = value
@@ -232,10 +233,12 @@ class ModuleModel:
             may_refuse |= path == "swap" and graphs
             keeps = path in ("set_data", "swap")
             self.orphan_graph |= not keeps and state.grad_graph
+            # a buffer slot whose fn returned its input keeps its object, and so its grad
+            kept_grad = state.grad if applied is inputs[i] and not state.parameter else None
             new.append(dataclasses.replace(
                 state, value=_copy(applied), values_known=state.values_known and preserves_values,
                 obj=state.obj if keeps else None,
-                grad=_copy(grads[i]) if i in grads else None))
+                grad=_copy(grads[i]) if i in grads else kept_grad))
         self.tensors = new
         self.poisoned |= may_refuse
         self._mark_stale_entries()
@@ -269,7 +272,7 @@ class ModuleModel:
                 groups.setdefault(id(after[name]), []).append(name)
             for names in groups.values():
                 now = after[names[0]]
-                grad = now.grad if state.parameter else None
+                grad = now.grad if isinstance(now, nn.Parameter) else None
                 states.append(dataclasses.replace(
                     state, names=tuple(names), value=_copy(now),
                     obj=state.obj if now is before[names[0]] else None,
@@ -313,6 +316,8 @@ class ModuleModel:
         self.poisoned = self.poisoned and self.kept_graph
         self.graph_backward = False
         for state in self.tensors:
+            if not state.parameter:  # module.parameters() does not reach it
+                continue
             if state.grad is not None:
                 state.grad = None if set_to_none else torch.zeros_like(state.grad)
             state.grad_graph = False
@@ -342,7 +347,7 @@ class ModuleModel:
         for i, state in enumerate(self.tensors):
             now = objects[i]
             state.value = _copy(now)
-            if state.parameter:
+            if holds_parameter_object(state):
                 state.grad = None if now.grad is None else _copy(now.grad)
         return Prediction(result=result)
 
@@ -446,7 +451,8 @@ class ModuleModel:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a copy into a meta slot is a no-op
             if path == "assign" and not state.parameter:
-                return dataclasses.replace(state, value=_copy(value), obj=value)
+                return dataclasses.replace(state, cls=type(value), value=_copy(value), obj=value,
+                                           grad=None, grad_graph=False)
             if path == "assign":
                 return dataclasses.replace(
                     state, cls=parameter_class(value), attributes={}, value=_copy(value), obj=None,
@@ -571,12 +577,18 @@ class ModuleModel:
 
 
 def _state_of(t: Tensor, parameter: bool) -> TensorState:
-    grad = t.grad if parameter else None
+    grad = t.grad if isinstance(t, nn.Parameter) else None
     return TensorState(
         names=(), parameter=parameter, cls=type(t), attributes=own_attributes(t) if parameter else {},
         requires_grad=t.requires_grad, value=_copy(t), obj=t,
         grad=None if grad is None else _copy(grad),
         grad_graph=grad is not None and grad.grad_fn is not None)
+
+
+def holds_parameter_object(state: TensorState) -> bool:
+    """Whether the tensor is an ``nn.Parameter`` object, a parameter of the module or one left
+    in buffer slots only: either way it carries a grad, which backward and an optimizer reach."""
+    return state.parameter or issubclass(state.cls, nn.Parameter)
 
 
 @functools.lru_cache(maxsize=256)
