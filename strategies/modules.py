@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from swapspec.reference import register_apply_override
+
 BATCH = 2
 FEATURES = 4
 EMBEDDINGS = 5
@@ -205,6 +207,41 @@ class GenericLeaf(nn.Module):
 
     def extra_repr(self) -> str:
         return f"behaviours={self.behaviours!r}" if self.behaviours else ""
+
+
+class OwnApplyLeaf(GenericLeaf):
+    """A generic leaf whose class overrides ``_apply``, as a user module that keeps state derived
+    from its tensors does: after ``super()._apply`` has converted them, ``record_conversion``
+    counts the conversion (``conversions``) and records each own tensor's name, dtype and device
+    (``record``). Its forward is :class:`GenericLeaf`'s: the record changes no output.
+
+    The reference converts tensors itself and runs a class's ``_apply`` work as a registered
+    description (``reference.register_apply_override``): this class's is registered below.
+    """
+
+    def __init__(self, behaviours: tuple[str, ...] = ()) -> None:
+        super().__init__(behaviours)
+        self.conversions = 0
+        self.record: tuple[tuple[str, str, str], ...] = ()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+        result = super()._apply(fn, recurse)
+        self.record_conversion()
+        return result
+
+    def own_tensors(self) -> tuple[tuple[str, str, str], ...]:
+        """``(name, dtype, device type)`` of each own non-None parameter and buffer."""
+        slots = [*self._parameters.items(), *self._buffers.items()]
+        return tuple((name, str(t.dtype), t.device.type) for name, t in slots if t is not None)
+
+    def record_conversion(self) -> None:
+        """The work of the override: count the conversion, record the converted tensors."""
+        self.conversions += 1
+        self.record = self.own_tensors()
+
+
+register_apply_override(OwnApplyLeaf, before=lambda module: None,
+                        after=OwnApplyLeaf.record_conversion)
 
 
 def observe(module: nn.Module) -> Observation:

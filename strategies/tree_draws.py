@@ -25,6 +25,7 @@ from swapspec.strategies.tree_needs import (
     with_grad,
     with_matrix_parameter,
     with_none_slot,
+    with_own_apply_leaf,
     with_share,
     with_tie_pair,
     with_trainable,
@@ -100,6 +101,8 @@ def tree_specs(
         root = with_none_slot(root)
     if "updating-leaf" in o.needs:
         root = with_updating_leaf(root, o.behaviours)
+    if "own-apply" in o.needs:
+        root = with_own_apply_leaf(root)
     if "parametrizable" in o.needs:
         root = with_matrix_parameter(root)
     for rank in (2, 3):
@@ -201,8 +204,9 @@ def module_trees(
     * ``dtypes``: dtypes allowed for tensors (default float32/16/64, bfloat16, complex64 and, for buffers,
       int64 and bool). Parameters only use the floating/complex ones; real layers float32/float64.
       BatchNorm's ``num_batches_tracked`` is int64 regardless.
-    * ``behaviours``: forward behaviours a generic leaf may have (default all of ``'inplace'``, ``'rebind'``,
-      ``'raise'``, ``'report'``; see :class:`~strategies.modules.GenericLeaf`), each with ``behaviour_chance``
+    * ``behaviours``: behaviours a generic leaf may have (default all of ``'inplace'``, ``'rebind'``,
+      ``'raise'``, ``'report'``; see :class:`~strategies.modules.GenericLeaf`; and ``'own-apply'``: its
+      class overrides ``_apply``, :class:`~strategies.modules.OwnApplyLeaf`), each with ``behaviour_chance``
       percent (default 12; the minimal one-parameter leaf has none unless it is 100). Shrinks towards none.
     * ``decoration_chance``: percent of trees (default 30) that get 1-2 decorations torch provides
       (parametrizations, old hook-based weight/spectral norm and pruning, counting tensor and module
@@ -252,7 +256,9 @@ def module_trees(
       the parameters, no catalogue module that keeps weak references to its parameters (RNNs),
       no ``fake`` world), ``'conv2d'``/``'conv3d'`` (a convolution over 2 or 3 spatial
       dimensions, whose weight ``convert_conv{2,3}d_weight_memory_format`` converts: a tree
-      without one gets a ``Conv2d`` leaf, or a catalogue ``nn.Conv3d``).
+      without one gets a ``Conv2d`` leaf, or a catalogue ``nn.Conv3d``), ``'own-apply'`` (a
+      module whose class overrides ``_apply``: the first generic leaf gets behaviour
+      ``own-apply``, or a generic leaf of one parameter with it is added).
       An added leaf is the root's last child; a leaf root, or a custom block root whose
       children are all taken, first goes into a ``Sequential``.
       A tree with no leaf that can take the feature (no parameter at all; for ``'grad'``, every

@@ -69,7 +69,8 @@ def _leaf_tags(leaf: LeafSpec, training: bool) -> set[str]:
     for t in leaf.tensors:
         tags |= _tensor_tags(t)
     tags |= {
-        {"inplace": "forward-inplace-buffer", "rebind": "forward-rebind-buffer", "raise": "forward-raises", "report": "forward-reports"}[b]
+        {"inplace": "forward-inplace-buffer", "rebind": "forward-rebind-buffer", "raise": "forward-raises", "report": "forward-reports",
+         "own-apply": "module-own-apply"}[b]
         for b in leaf.behaviours
     }
     return tags

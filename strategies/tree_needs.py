@@ -216,6 +216,23 @@ def with_updating_leaf(root: LeafSpec | ContainerSpec, allowed: tuple[str, ...])
     return append_leaf(root, extra)
 
 
+def with_own_apply_leaf(root: LeafSpec | ContainerSpec) -> LeafSpec | ContainerSpec:
+    """``root`` unchanged if a generic leaf overrides ``_apply`` (behaviour ``own-apply``), else
+    with the first generic leaf given it (a leaf with one parameter and it added as the root's
+    last child, where there is no generic leaf)."""
+    if _has(root, lambda n: n.kind == "generic" and "own-apply" in n.behaviours):
+        return root
+
+    def give(leaf: LeafSpec, path: str) -> LeafSpec | None:
+        if leaf.kind != "generic":
+            return None
+        return dataclasses.replace(leaf, behaviours=(*leaf.behaviours, "own-apply"))
+
+    root, done = _replace_first(root, give)
+    return root if done else append_leaf(root, LeafSpec(tensors=(TensorSpec("p0"),),
+                                                        behaviours=("own-apply",)))
+
+
 MATRIX = TensorSpec("p0", shape=(2, 3))
 
 

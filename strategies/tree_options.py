@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 SHAPES: tuple[tuple[int, ...], ...] = ((4,), (), (3,), (2, 3), (1,), (2, 3, 2, 2))
 PARAM_DTYPES = ("float32", "float16", "float64", "bfloat16", "complex64")
 BUFFER_DTYPES = (*PARAM_DTYPES, "int64", "bool")
-BEHAVIOURS = ("inplace", "rebind", "raise", "report")
+BEHAVIOURS = ("inplace", "rebind", "raise", "report", "own-apply")
 # ``'fake'`` is left out by default: whether ``swap_tensors`` refuses a fake parameter depends on
 # process-wide caches of torch's fake-tensor converter (a weak reference to it exists or not), so
 # examples built there do not replay exactly. ``'dtensor'`` is left out too: it starts a
@@ -27,7 +27,7 @@ WORLD_REFUSED_DECORATIONS = {"meta": ("orthogonal",), "fake": ("orthogonal",),
                              "dtensor": ("orthogonal",)}
 NEEDS = ("grad", "none-slot", "container-root", "leaf-grads", "alias", "updating-leaf",
          "parametrizable", "tensor", "trainable", "parameter", "tie", "swappable", "conv2d",
-         "conv3d")
+         "conv3d", "own-apply")
 HOST_CHANCE = 25  # module_trees' default percent of leaves drawn from a target's host modules
 REAL_LEAVES = ("Linear", "Conv1d", "Conv2d", "BatchNorm1d", "LayerNorm", "Embedding", "SparseEmbedding")
 

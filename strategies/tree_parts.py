@@ -58,8 +58,25 @@ def _generic(draw: Draw, o: TreeOptions) -> LeafSpec:
     n_buffers = draw(st.integers(0, 4))
     tensors = [_tensor(draw, o, f"p{i}", False) for i in range(n_params)]
     tensors += [_tensor(draw, o, f"b{i}", True) for i in range(n_buffers)]
-    behaviours = tuple(b for b in o.behaviours if coin(draw, o.behaviour_chance))
-    return LeafSpec(tensors=tuple(tensors), behaviours=behaviours)
+    return LeafSpec(tensors=tuple(tensors), behaviours=_behaviours(draw, o))
+
+
+OWN_APPLY_CHANCE = 8  # percent of generic leaves (drawn past the minimal one) that override _apply
+
+
+def _behaviours(draw: Draw, o: TreeOptions) -> tuple[str, ...]:
+    """A generic leaf's behaviours: one roll per forward behaviour, each on with
+    ``behaviour_chance`` percent; ``own-apply`` (a class that overrides ``_apply``) is read off
+    the first roll, just below its own range (``OWN_APPLY_CHANCE`` percent), so it costs no
+    choice of its own and shrinks away; with ``behaviour_chance`` 100 every behaviour is on."""
+    forward = [b for b in o.behaviours if b != "own-apply"]
+    rolls = [draw(st.integers(0, 99)) for _ in forward]
+    on = 100 - o.behaviour_chance
+    chosen = [b for b, roll in zip(forward, rolls, strict=True) if roll >= on]
+    if "own-apply" in o.behaviours and (
+            o.behaviour_chance == 100 or (rolls and on - OWN_APPLY_CHANCE <= rolls[0] < on)):
+        chosen.append("own-apply")
+    return tuple(chosen)
 
 
 def _real(draw: Draw, o: TreeOptions) -> LeafSpec:

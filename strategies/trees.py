@@ -139,7 +139,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _build_generic(spec: LeafSpec, path: str, gen: torch.Generator) -> nn.Module:
-    leaf = M.GenericLeaf(spec.behaviours)
+    leaf = (M.OwnApplyLeaf if "own-apply" in spec.behaviours else M.GenericLeaf)(spec.behaviours)
     for t in spec.tensors:
         if t.none:
             (leaf.register_buffer if t.buffer else leaf.register_parameter)(t.name, None)

@@ -21,6 +21,7 @@ from torch.nn.cpp import ModuleWrapper
 from swapspec import reference
 from swapspec.properties.harness.isolation import isolated_global_state
 from swapspec.reference import overrides
+from swapspec.strategies.modules import OwnApplyLeaf
 from tests.helpers_modules import (
     assert_unchanged,
     linear,
@@ -53,6 +54,11 @@ def _restore_global_state() -> Iterator[None]:
         torch.__future__.set_overwrite_module_params_on_conversion(saved[2])
         torch.__future__.set_swap_module_params_on_conversion(saved[3])
         overrides.restore_registered_apply_overrides(registrations)
+
+
+# The registrations every process of the suite starts with: the suite's own overriding module
+# (``strategies.modules.OwnApplyLeaf``) registers itself when imported.
+SUITE_OWN = {OwnApplyLeaf: overrides.registered_apply_overrides()[OwnApplyLeaf]}
 
 
 class OwnApply(nn.Module):
@@ -391,7 +397,7 @@ def test_unregister_makes_the_override_unknown_again():
     reference.register_apply_override(OwnApply, before=lambda m: None, after=lambda m: None)
     reference.apply(OwnApply(), lambda t: t)
     reference.unregister_apply_override(OwnApply)
-    assert overrides.registered_apply_overrides() == {}
+    assert overrides.registered_apply_overrides() == SUITE_OWN
     with pytest.raises(reference.ApplyOverrideError):
         reference.apply(OwnApply(), lambda t: t)
 
@@ -400,7 +406,7 @@ def test_registered_apply_overrides_is_a_copy_and_restorable():
     """``registered_apply_overrides`` returns a copy; ``restore_...`` makes the table exactly it."""
     reference.register_apply_override(OwnApply, before=print, after=print)
     saved = overrides.registered_apply_overrides()
-    assert saved == {OwnApply: overrides.ApplyOverride(before=print, after=print)}
+    assert saved == {**SUITE_OWN, OwnApply: overrides.ApplyOverride(before=print, after=print)}
     saved.clear()
     assert OwnApply in overrides.registered_apply_overrides()
     overrides.restore_registered_apply_overrides({Outer: overrides.ApplyOverride(print, print)})
@@ -431,7 +437,7 @@ def test_registered_apply_overrides_is_a_copy_and_restorable():
 def test_register_rejects_bad_input_and_registers_nothing(cls, before, after, error, message):
     with pytest.raises(error, match=message):
         reference.register_apply_override(cls, before=before, after=after)
-    assert overrides.registered_apply_overrides() == {}
+    assert overrides.registered_apply_overrides() == SUITE_OWN
 
 
 def test_register_twice_rejected_and_first_kept():
@@ -439,7 +445,7 @@ def test_register_twice_rejected_and_first_kept():
     reference.register_apply_override(OwnApply, before=print, after=print)
     with pytest.raises(ValueError, match=r"OwnApply is already described$"):
         reference.register_apply_override(OwnApply, before=repr, after=repr)
-    assert overrides.registered_apply_overrides() == {OwnApply: first}
+    assert overrides.registered_apply_overrides() == {**SUITE_OWN, OwnApply: first}
 
 
 @pytest.mark.parametrize("cls", [OwnApply, nn.RNNBase], ids=["never-registered", "builtin"])
@@ -509,4 +515,4 @@ def test_isolation_restores_and_names_a_leaked_registration():
     leaked = r"^test leaked global state \(now restored\): \['reference apply overrides'\]$"
     with pytest.raises(pytest.fail.Exception, match=leaked), isolated_global_state():
         reference.register_apply_override(OwnApply, before=print, after=print)
-    assert overrides.registered_apply_overrides() == {}
+    assert overrides.registered_apply_overrides() == SUITE_OWN

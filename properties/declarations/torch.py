@@ -38,6 +38,7 @@ from swapspec.properties.declarations.torch_apply import (
     requires_grad_on_uninitialized,
     rnn_weight_refused_before_fn_raises,
     rnn_weight_swapped_elsewhere,
+    runs_an_override_twice,
     shared_grad_swapped,
     split_tie_shares_grad,
     split_tied_buffer_shares_storage,
@@ -77,7 +78,7 @@ from swapspec.properties.vocabulary import CRASH, Deviation
 APPLY_IDS = ("APPLY-PATH", "APPLY-NO-SET-DATA-ACROSS-IMPL", "APPLY-VALUES",
              "APPLY-PARAMETER-IDENTITY", "APPLY-GRADS", "APPLY-NONE-SLOTS", "APPLY-TIES",
              "APPLY-FN-ONCE", "APPLY-RECURSE-FALSE", "APPLY-ROUND-TRIP", "APPLY-FORWARD",
-             "APPLY-TENSOR-HOOKS", "APPLY-OPTIMIZER")
+             "APPLY-TENSOR-HOOKS", "APPLY-OPTIMIZER", "APPLY-OVERRIDE")
 
 
 # The XLA leg's conversions run the same _apply: its raising behaviours show there too.
@@ -557,6 +558,16 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "once per encounter. Repro: m = nn.Module(); m.a = nn.Parameter(torch.ones(2)); "
         "m.b = m.a; calls = []; m._apply(lambda t: calls.append(t) or t); "
         "assert len(calls) == 1  # 2", id="torch.apply.converts-some-tensor-twice"),
+    Deviation(
+        "APPLY-OVERRIDE", runs_an_override_twice, "override-runs", always=False, reason=
+        "_apply recurses through children(), which drops repeats within one parent only: the "
+        "_apply override of a module shared by two parents runs once per parent, so the work it "
+        "does after super()._apply is done twice in one conversion. Repro: "
+        "class Counting(nn.Module): runs = 0; "
+        "def _apply(self, fn, recurse=True): out = super()._apply(fn, recurse); "
+        "self.runs += 1; return out; "
+        "c = Counting(); m = nn.Sequential(nn.Sequential(c), nn.Sequential(c)); m.double(); "
+        "assert c.runs == 1  # 2", id="torch.apply.runs-shared-override-twice"),
     Deviation(
         "APPLY-VALUES", non_idempotent_twice, "value",
         "Converted twice (see APPLY-FN-ONCE), a non-idempotent fn is applied to its own "

@@ -210,6 +210,17 @@ def _certain_raise(example: Example) -> bool:
             or rnn_weight_swapped_elsewhere(example) or shared_grad_swapped(example))
 
 
+def runs_an_override_twice(example: Example) -> bool:
+    """A module whose class overrides ``_apply`` is visited twice by torch's traversal (shared
+    by two parents), so its override's work runs twice; where ``_apply`` raises first, it may
+    not get that far."""
+    if not example.recurse or _certain_raise(example):
+        return False
+    visits = torch_visits(example.module)
+    return any(visits[id(m)] > 1 and type(m)._apply is not nn.Module._apply
+               for m in _scope(example))
+
+
 def _earlier_leaves_set_data(example: Example) -> bool:
     """Some trainable parameter left the set_data path in an earlier conversion with no flag
     set: a TensorImpl change, as ``to_empty(device='cpu')`` makes on a ``meta``-world tree

@@ -52,6 +52,7 @@ from swapspec.strategies.method_calls import (
     modules_with_method_calls,
     modules_with_method_conversions,
 )
+from swapspec.strategies.modules import OwnApplyLeaf
 from swapspec.strategies.trees import WRAPPERS
 
 # Each property draws the trees it needs by construction (see module_trees' ``needs``), and a
@@ -89,6 +90,8 @@ converted_containers = st.one_of(
     modules_with_conversions(container_trees),
     modules_with_method_conversions(container_trees, recurse=False))
 converted_across_impls = either_form(trees, where=lambda c: c.changes_impl)
+converted_with_overrides = either_form(module_trees(wrappers=WRAPPERS, needs=("own-apply",),
+                                                    world_chance=WORLD_CHANCE))
 
 
 def _setup(target, property_id, module, conversion, flags, recurse=True, fn_may_raise=False):
@@ -372,6 +375,46 @@ def test_apply_recurse_false_touches_own_tensors_only(target, case, flags):
                        "descendant-touched", f"{name!r} is not the module's own but changed",
                        code=f"{slot_code(name)} is before[{name!r}]")
     _verdict(check, example, target)
+
+
+@spec_property("APPLY-OVERRIDE")
+@given(case=converted_with_overrides, flags=flag_settings())
+def test_apply_runs_each_override_once(target, case, flags):
+    """A class's own ``_apply`` work runs once per conversion on each module the conversion
+    reaches (every module of the tree, each once; with ``recurse=False`` the module itself),
+    after that module's tensors are converted: what it records of them is their converted
+    dtype and device. A module out of reach runs none.
+
+    The overriding class is ``strategies.modules.OwnApplyLeaf`` (its work counts and records).
+    Origin: ``RNNBase._apply`` rebuilds ``_flat_weights`` after ``super()._apply``, and user
+    modules override ``_apply`` the same way to keep state derived from their tensors in step
+    (``reference.apply`` rules 9 and 10).
+    """
+    module, conversion = case
+    example, check, _ = _setup(target, "APPLY-OVERRIDE", module, conversion, flags)
+    reached = {id(m) for m in (module.modules() if example.recurse else [module])}
+    overriding = {name: m for name, m in module.named_modules() if isinstance(m, OwnApplyLeaf)}
+    counts = {name: m.conversions for name, m in overriding.items()}
+    outcome = run_converted(target, example)
+    if no_error(check, outcome, "apply"):
+        for name, leaf in overriding.items():
+            _check_override(check, name, leaf, counts[name], id(leaf) in reached)
+    _verdict(check, example, target)
+
+
+def _check_override(check: Checker, name: str, leaf: OwnApplyLeaf, before: int,
+                    reached: bool) -> None:
+    """Clauses ``override-runs`` (how often the work ran) and, where it ran, ``override-record``
+    (what it saw)."""
+    code = f"module.get_submodule({name!r})"
+    want = before + reached
+    check.that(leaf.conversions == want, "override-runs",
+               f"the _apply override of {name!r} ran {leaf.conversions - before} times, where "
+               f"{int(reached)} run reaches it", code=f"{code}.conversions == {want}")
+    if reached and leaf.conversions > before:
+        check.that(leaf.record == leaf.own_tensors(), "override-record",
+                   f"the _apply override of {name!r} recorded {leaf.record}, not its converted "
+                   f"tensors {leaf.own_tensors()}", code=f"{code}.record == {code}.own_tensors()")
 
 
 @spec_property("APPLY-ATOMIC")
