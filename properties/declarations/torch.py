@@ -516,8 +516,8 @@ TORCH_DEVIATIONS: tuple[Deviation, ...] = (
         "m.weight.requires_grad  # True; m.weight.is_inference()  # True",
         id="torch.seq.conversion-under-inference-mode"),
     Deviation(
-        ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", "PARAMETRIZE-DEEPCOPY", "CHECKPOINT-PICKLE",
-         *SEQUENCE_IDS),
+        ("APPLY-TENSOR-HOOKS", "APPLY-FORWARD", "PARAMETRIZE-DEEPCOPY", "PARAMETRIZE-CACHED",
+         "CHECKPOINT-PICKLE", *SEQUENCE_IDS),
         buffer_carries_graph,
         ("raised", "before-hook-lost", "after-hook-lost", "stale-forward", "INV-WORKING",
          "grad-value", "requires-grad"), always=False, reason=

@@ -392,7 +392,12 @@ def test_cached_call(target, data):
     """
     example, check, path, name, setup = _prepared(target, data, "PARAMETRIZE-CACHED",
                                                    drawn=converted_unshared)
-    module, twin = example.module, copy.deepcopy(example.module)
+    module = example.module
+    copied = attempt(lambda: copy.deepcopy(module))  # the twin the call outside cached() runs on
+    if not no_error(check, copied, "copy.deepcopy"):
+        check.verdict(_repro(example, target, setup, []))
+        return
+    twin = copied.result
     call = data.draw(target_call_inputs(target, module, valid=True), label="call")
 
     def run(m: nn.Module, tensors: Any) -> Any:
