@@ -68,12 +68,13 @@ def _behaviours(draw: Draw, o: TreeOptions) -> tuple[str, ...]:
     """A generic leaf's behaviours: one roll per forward behaviour, each on with
     ``behaviour_chance`` percent; ``own-apply`` (a class that overrides ``_apply``) is read off
     the first roll, just below its own range (``OWN_APPLY_CHANCE`` percent), so it costs no
-    choice of its own and shrinks away; with ``behaviour_chance`` 100 every behaviour is on."""
+    choice of its own and shrinks away; with ``behaviour_chance`` 100 every behaviour is on, with
+    0 none."""
     forward = [b for b in o.behaviours if b != "own-apply"]
     rolls = [draw(st.integers(0, 99)) for _ in forward]
     on = 100 - o.behaviour_chance
     chosen = [b for b, roll in zip(forward, rolls, strict=True) if roll >= on]
-    if "own-apply" in o.behaviours and (
+    if "own-apply" in o.behaviours and o.behaviour_chance and (
             o.behaviour_chance == 100 or (rolls and on - OWN_APPLY_CHANCE <= rolls[0] < on)):
         chosen.append("own-apply")
     return tuple(chosen)
