@@ -35,7 +35,8 @@ class ModuleState:
 def module_state(module: nn.Module) -> ModuleState:
     """Record what a functional call must leave exactly as it found it."""
     layout = {
-        path: (type(m), tuple(sorted(m.__dict__)), tuple(m._parameters), tuple(m._buffers))
+        path: (type(m), tuple(sorted(m.__dict__)), tuple(m._parameters.keys()),
+               tuple(m._buffers.keys()))
         for path, m in module.named_modules(remove_duplicate=False)
     }
     table = slots(module)

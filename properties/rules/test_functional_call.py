@@ -8,6 +8,7 @@ Origin of the design: pytorch PR #92536 (swap tensors straight into ``_parameter
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from copy import deepcopy
 from functools import partial
 from typing import Any
@@ -546,6 +547,75 @@ def test_fc_refuses_data_parallel(target, data):
     _raised_as_expected(check, _call(target, module, call), DATA_PARALLEL_REFUSED, "wrong-error")
     check_untouched(check, before, module, "touched-on-error")
     _verdict(check, example, target)
+
+
+# FC-JIT-REFUSED: trees torch.jit.trace takes (no ties or shares: a traced module refuses them;
+# no forward behaviours, which rebind or report through Python state tracing does not keep)
+jit_trees = module_trees(behaviours=(), lazy=False, wrappers=(), ties=False, sharing=False)
+JIT_REFUSED = ExpectedError(RuntimeError, "The stateless API can't be used with Jitted modules",
+                            rule="form")
+JIT_FORMS = ("traced module", "inside torch.jit.trace")
+
+
+def _traced(module: nn.Module, x: Tensor) -> Outcome:
+    """``torch.jit.trace(module, x)`` (its trace check and warnings off); a module tracing
+    refuses (a backward hook) gives the error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return attempt(lambda: torch.jit.trace(module, x, check_trace=False))
+
+
+def _jit_call(target, module, call, form: str) -> Outcome:
+    """The call on the traced module, or made inside a function ``torch.jit.trace`` is tracing;
+    straight to the target, without the per-call invariants (their reads of the module's
+    tensors would be traced too, and a ``ScriptModule``'s registries are not dicts)."""
+    keywords = target.call_keywords(tie_weights=call.tie_weights, strict=call.strict)
+
+    def direct(*args: Tensor) -> Any:
+        return target.functional_call(module, call.tensors, args, call.kwargs, **keywords)
+
+    if form == "traced module":
+        return attempt(lambda: direct(*call.args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return attempt(lambda: torch.jit.trace(direct, tuple(call.args), check_trace=False))
+
+
+@spec_property("FC-JIT-REFUSED")
+@given(data=st.data())
+def test_fc_refuses_jit(target, data):
+    """A functional call on a jitted module (``torch.jit.trace``'s ``ScriptModule``), or made
+    while ``torch.jit.trace`` is tracing, raises ``RuntimeError`` (torch's message for targets
+    with ``exact_messages``) and leaves the module as it was: tracing would record the given
+    tensors as constants of the traced graph, and a jitted module runs its own graph.
+
+    Origin: ``torch.nn.utils.stateless._functional_call`` (it refuses ``torch.jit.is_tracing()``,
+    ``torch.jit.is_scripting()`` and jitted modules); swapspec spec (bad input leaves the
+    module as it was).
+    """
+    form = data.draw(st.sampled_from(JIT_FORMS), label="form")
+    module, call, example, check = _draw(data, "FC-JIT-REFUSED", target, module_strategy=jit_trees,
+                                         valid=True, grad_modes=("enabled",))
+    x, = call.args
+    if form == "traced module":
+        traced = _traced(module, x)
+        assume(traced.error is None)  # a backward hook: tracing refuses the module
+        module = traced.result
+    before = module_state(module)
+    outcome = _jit_call(target, module, call, form)
+    _raised_as_expected(check, outcome, JIT_REFUSED, "wrong-error")
+    check_untouched(check, before, module, "touched-on-error")
+    check.verdict(partial(call_repro, example, target, **_jit_repro(form, target, call)))
+
+
+def _jit_repro(form: str, target, call) -> dict[str, list[str]]:
+    """The repro's extra lines: the module traced, or the call made inside a trace."""
+    if form == "traced module":
+        return {"setup": ["module = torch.jit.trace(module, args[0], check_trace=False)",
+                          "before = named(module)"]}
+    run = f"lambda *a: target_functional_call(module, tensors, a, kwargs{keyword_code(target, call)})"
+    return {"calls": [f"out = outcome(lambda: torch.jit.trace({run}, tuple(args), "
+                      "check_trace=False))"]}
 
 
 @spec_property("FC-GRADIENTS")

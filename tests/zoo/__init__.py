@@ -36,6 +36,7 @@ ZOO = (
     "shared_slot_restore",
     "load_ignores_swap_flag",
     "load_commit_as_you_go",
+    "no_jit_refusal",
 )
 
 # Targets correct on every one-shot property and wrong only in sequence (tests/test_zoo_sequences.py);
