@@ -20,8 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from swapspec.reference import register_apply_override
-
 BATCH = 2
 FEATURES = 4
 EMBEDDINGS = 5
@@ -240,8 +238,20 @@ class OwnApplyLeaf(GenericLeaf):
         self.record = self.own_tensors()
 
 
-register_apply_override(OwnApplyLeaf, before=lambda module: None,
-                        after=OwnApplyLeaf.record_conversion)
+def known_to_reference(cls: type[OwnApplyLeaf]) -> None:
+    """Describe ``cls``'s ``_apply`` work to the reference (``register_apply_override``) unless
+    it is described already; a standalone repro defines its own copy of the class and calls
+    this where swapspec is installed."""
+    try:
+        from swapspec.reference import overrides
+    except ImportError:  # plain torch: torch runs the class's own _apply
+        return
+    if cls not in overrides.registered_apply_overrides():
+        overrides.register_apply_override(cls, before=lambda module: None,
+                                          after=cls.record_conversion)
+
+
+known_to_reference(OwnApplyLeaf)
 
 
 def observe(module: nn.Module) -> Observation:

@@ -251,3 +251,13 @@ def test_repro_helpers_describe_a_lazy_leaf_before_and_after_its_forward():
     module(torch.ones(1, 3))
     assert seen["forward ran"] and "uninitialized" in seen["0.weight"]
     assert "(2, 3)" in helpers["describe"](module[0].weight)
+
+
+def test_a_message_that_spans_lines_stays_a_comment_in_the_repro() -> None:
+    """An error's text can print a tensor over several lines; each becomes a comment line, so
+    the repro still compiles."""
+    from swapspec.properties.harness.repro import comment_lines
+
+    lines = comment_lines("broken rule [raised]: got RuntimeError: bad\nTensor:\n 0.94\n")
+    assert lines == ["# broken rule [raised]: got RuntimeError: bad", "# Tensor:", "#  0.94"]
+    compile("\n".join(["x = 1", *lines]), "<repro>", "exec")

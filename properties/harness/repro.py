@@ -480,6 +480,12 @@ def _script(module: Any, target: Any, body: list[str], violations: list[Violatio
                       *_asserts(head, tail, target, violations, methods)]) + "\n"
 
 
+def comment_lines(text: str) -> list[str]:
+    """``text`` as Python comment lines, one per line of it: a message can span lines (an
+    error's text that prints a tensor), and each of them must stay a comment."""
+    return [f"# {line}".rstrip() for line in text.splitlines() or [""]]
+
+
 def _asserts(head: list[str], tail: list[str], target: Any, violations: list[Violation],
              methods: bool = False) -> list[str]:
     """Each broken rule as a comment, its code as an assert where that fails on the target and
@@ -489,7 +495,7 @@ def _asserts(head: list[str], tail: list[str], target: Any, violations: list[Vio
     lines = [""]
     failed = [f"{who}: {type(ns).__name__}: {ns}" for who, ns in run.items() if isinstance(ns, Exception)]
     for v in violations:
-        lines.append(f"# broken rule [{v.clause}]: {v.message}")
+        lines += comment_lines(f"broken rule [{v.clause}]: {v.message}")
         if v.code and not failed and _holds(v.code, run["reference"]) is True \
                 and _holds(v.code, run["target"]) is False:
             lines.append(f"assert {v.code}, {v.message!r}")

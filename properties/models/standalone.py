@@ -187,6 +187,8 @@ def build_source(module: nn.Module) -> list[str]:
     plain = trees.build_tree(dataclasses.replace(spec, decorations=(), trained="", wrapper="", world="",
                                                  storage="", ties=(), shares=()))
     body = ["m = {}  # the tree's modules by path ('' is the root)"]
+    if any(isinstance(n, LeafSpec) and "own-apply" in n.behaviours for _, _, n in trees.walk(spec.root)):
+        body.append("known_to_reference(OwnApplyLeaf)  # the reference runs its _apply work only so")
     for path, _, node in trees.walk(spec.root):
         body += _node_lines(node, path, plain.get_submodule(path) if path else plain)
         if path:
@@ -218,7 +220,8 @@ def _node_lines(node: LeafSpec | ContainerSpec, path: str, built: nn.Module) -> 
     if node.kind == "LazyLinear":
         lines = [f"{here} = SwLazyLinear(4)", f"{here}.sw_seed = {built.sw_seed}"]
         return lines + ([f"{here}(torch.zeros(2, 4))  # materializes it"] if node.initialized else [])
-    ctor = (f"GenericLeaf({node.behaviours!r})" if node.kind == "generic"
+    leaf_class = "OwnApplyLeaf" if "own-apply" in node.behaviours else "GenericLeaf"
+    ctor = (f"{leaf_class}({node.behaviours!r})" if node.kind == "generic"
             else _REAL[node.kind].format(bias=node.bias))
     return [f"{here} = {ctor}", *_slot_lines(here, built)]
 
