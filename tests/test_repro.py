@@ -24,6 +24,7 @@ from swapspec.properties.models import standalone
 from swapspec.properties.models.apply_state import conversion_named
 from swapspec.properties.models.examples import alias_groups, named_tensors, same_values
 from swapspec.properties.rules import test_apply, test_apply_training, test_functional_call
+from swapspec.reference import overrides
 from swapspec.strategies import CallInput, FlagSetting, build_tree, module_trees, tree_info
 from swapspec.strategies.trees import (
     WORLDS,
@@ -182,8 +183,12 @@ def _built_from_source(module: torch.nn.Module) -> torch.nn.Module:
     lines = [*standalone.IMPORTS, *standalone.definitions(names),
              *(standalone.CATALOGUE_LEAF if catalogue else []), *build, "module = build_module()"]
     namespace: dict[str, Any] = {}
-    with torch.random.fork_rng(devices=[]):
-        exec(compile("\n".join(lines), "<built>", "exec"), namespace)
+    described = overrides.registered_apply_overrides()  # the script describes its own classes
+    try:
+        with torch.random.fork_rng(devices=[]):
+            exec(compile("\n".join(lines), "<built>", "exec"), namespace)
+    finally:
+        overrides.restore_registered_apply_overrides(described)
     return namespace["module"]
 
 

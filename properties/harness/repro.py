@@ -36,6 +36,7 @@ from torch import Tensor
 from swapspec.properties.models import standalone
 from swapspec.properties.models.apply_state import slot_code
 from swapspec.properties.vocabulary import Violation
+from swapspec.reference import overrides as reference_overrides
 
 SECTION_START = "# ---- the implementation under test: {name} ----"
 SECTION_END = "# ---- end of the implementation under test ----"
@@ -538,10 +539,12 @@ def _restored_globals() -> Iterator[None]:
     saved = (future.get_overwrite_module_params_on_conversion(),
              future.get_swap_module_params_on_conversion(), torch.get_default_dtype(),
              torch.is_grad_enabled(), random.getstate())
+    described = reference_overrides.registered_apply_overrides()  # a script's own classes
     try:
         with torch.random.fork_rng(devices=[]):
             yield
     finally:
+        reference_overrides.restore_registered_apply_overrides(described)
         future.set_overwrite_module_params_on_conversion(saved[0])
         future.set_swap_module_params_on_conversion(saved[1])
         torch.set_default_dtype(saved[2])
