@@ -211,7 +211,8 @@ class OwnApplyLeaf(GenericLeaf):
     """A generic leaf whose class overrides ``_apply``, as a user module that keeps state derived
     from its tensors does: after ``super()._apply`` has converted them, ``record_conversion``
     counts the conversion (``conversions``) and records each own tensor's name, dtype and device
-    (``record``). Its forward is :class:`GenericLeaf`'s: the record changes no output.
+    (``record``), kept in private attributes as a class keeps its derived state (an RNN's
+    ``_flat_weights``). Its forward is :class:`GenericLeaf`'s: the record changes no output.
 
     The reference converts tensors itself and runs a class's ``_apply`` work as a registered
     description (``reference.register_apply_override``): this class's is registered below.
@@ -219,8 +220,18 @@ class OwnApplyLeaf(GenericLeaf):
 
     def __init__(self, behaviours: tuple[str, ...] = ()) -> None:
         super().__init__(behaviours)
-        self.conversions = 0
-        self.record: tuple[tuple[str, str, str], ...] = ()
+        self._conversions = 0
+        self._record: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def conversions(self) -> int:
+        """How many conversions ran the override's work."""
+        return self._conversions
+
+    @property
+    def record(self) -> tuple[tuple[str, str, str], ...]:
+        """What the override's last run recorded (``own_tensors``); empty before any."""
+        return self._record
 
     def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
         result = super()._apply(fn, recurse)
@@ -234,8 +245,8 @@ class OwnApplyLeaf(GenericLeaf):
 
     def record_conversion(self) -> None:
         """The work of the override: count the conversion, record the converted tensors."""
-        self.conversions += 1
-        self.record = self.own_tensors()
+        self._conversions += 1
+        self._record = self.own_tensors()
 
 
 def known_to_reference(cls: type[OwnApplyLeaf]) -> None:
