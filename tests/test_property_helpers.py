@@ -515,3 +515,17 @@ def test_a_watched_call_records_the_roots_view_and_removes_its_hook(form):
     assert view.seen and view.named["1.weight"] is weight and view.attributes["1.weight"] is weight
     assert "0.weight" in view.named  # the root's view: every name, not the first child's
     assert not module._forward_pre_hooks and not module_globals._global_forward_pre_hooks
+
+
+def test_module_state_reads_a_traced_module() -> None:
+    """A ``ScriptModule``'s registries are not dicts (iterating one by index fails); the state a
+    functional call must leave alone is read from their keys, as for any module."""
+    import torch
+    from torch import nn
+
+    from swapspec.properties.models.call_state import module_state
+
+    traced = torch.jit.trace(nn.Linear(2, 2), torch.ones(1, 2))
+    state = module_state(traced)
+    assert state.layout[""][2:] == (("weight", "bias"), ())
+    assert set(state.slots) == {"weight", "bias"}
